@@ -1,0 +1,280 @@
+"""Agents: a harness × a model × sampling settings.
+
+``await agent.run(task)`` plays one single-turn chat and returns a :class:`Trace`;
+``agent.interaction(task)`` hands turn-by-turn control to the environment, which speaks as the
+user. Multi-turn traces are token-exact: each new user message is appended as observation tokens
+(the chat template's rendering of just that message), never by re-tokenising the whole chat, so
+the tokens the model saw at turn k+1 are exactly turn k's context + its completion + the new
+observation.
+
+A seat is bound to the live policy (the trainer passes its backend), a frozen local model (a path,
+a hub id or ``"tiny"``), or a scripted Python function::
+
+    agent = make_agent(AgentConfig(model="tiny", harness={"id": "chat"}))
+    async with agent:
+        trace = await agent.run(task)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .backends.base import GenerationBackend, SamplingParams
+from .task import Task
+from .trace import Trace
+
+POLICY = "policy"
+SCRIPTED = "scripted"
+
+
+class ChatHarnessConfig(BaseModel):
+    """The chat harness: a conversation rendered with the tokenizer's chat template."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = "chat"
+    max_turns: int = Field(16, ge=1)
+    """Most assistant replies in one interaction; one more ``send`` raises :class:`TurnLimitReached`."""
+    system_prompt: str | None = None
+    """Used when the task has no system prompt of its own."""
+
+
+class AgentConfig(BaseModel):
+    """How to build one agent.
+
+    ``model`` is ``"tiny"`` (embedded), a hub id or a local path (a frozen model), ``"policy"``
+    (bound to the live policy by the trainer) or ``"scripted"`` (then ``policy`` is the function).
+    """
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+    model: str = "tiny"
+    harness: ChatHarnessConfig = Field(default_factory=ChatHarnessConfig)
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    policy: Callable[..., Any] | None = None
+    """Scripted agents: ``policy(turn: ScriptedTurn) -> str`` (sync or async)."""
+    tokenizer: str | None = None
+    """Scripted agents: tokenizer that turns their replies into trace tokens (default: ``"tiny"``)."""
+    timeout: float | None = Field(None, gt=0)
+    """Seconds one reply may take; a slower reply raises ``TimeoutError`` inside the episode."""
+
+
+class TurnLimitReached(RuntimeError):
+    """Raised by ``Interaction.send`` past the harness's ``max_turns``."""
+
+
+@dataclass
+class ScriptedTurn:
+    """What a scripted policy sees: the chat so far, the task and the env's structured state."""
+
+    messages: list[dict[str, Any]]
+    task: Task
+    state: Any = None
+
+
+class ChatTemplate:
+    """Token pieces of a chat template, derived once per tokenizer from the template itself."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        probe = [{"role": "user", "content": "PROBE_U"}, {"role": "assistant", "content": "PROBE_A"}]
+        closed = self._render(probe, add_generation_prompt=False)
+        self.turn_close = closed[closed.index("PROBE_A") + len("PROBE_A") :]
+        eos = tokenizer.eos_token or ""
+        self.eos_text = eos if eos and self.turn_close.startswith(eos) else ""
+
+    def _render(self, messages, add_generation_prompt) -> str:
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def prompt_ids(self, messages: list[dict[str, Any]]) -> list[int]:
+        return self.encode(self._render(messages, add_generation_prompt=True))
+
+    def user_turn_ids(self, content: str, reply_ended_turn: bool) -> list[int]:
+        """Tokens that close the last reply (if the model did not) and open a new user turn."""
+        probe = [{"role": "user", "content": "PROBE_U"}, {"role": "assistant", "content": "PROBE_A"}]
+        before = self._render(probe, add_generation_prompt=False)
+        after = self._render(probe + [{"role": "user", "content": content}], add_generation_prompt=True)
+        if not after.startswith(before):
+            raise ValueError(
+                "This chat template re-renders earlier turns when a message is added, so observations cannot be "
+                "appended token-exactly; use a template whose rendering of a prefix is a prefix."
+            )
+        close = self.turn_close[len(self.eos_text) :] if reply_ended_turn else self.turn_close
+        return self.encode(close + after[len(before) :])
+
+
+class Agent:
+    """One seat's player. Shared by all concurrent episodes; each run builds its own trace."""
+
+    def __init__(self, config: AgentConfig, backend: GenerationBackend | None = None, tokenizer=None):
+        self.config = config
+        self.backend = backend
+        if config.model == SCRIPTED:
+            if config.policy is None:
+                raise ValueError("AgentConfig(model='scripted') needs policy=<function(turn) -> str>")
+        elif backend is None:
+            raise ValueError(f"Agent for model {config.model!r} needs a generation backend; use make_agent()")
+        self.tokenizer = tokenizer if tokenizer is not None else getattr(backend, "tokenizer", None)
+        if self.tokenizer is None:
+            raise ValueError("Agent needs a tokenizer to record token-level traces")
+        self.template = ChatTemplate(self.tokenizer)
+
+    @property
+    def model_id(self) -> str:
+        return SCRIPTED if self.backend is None else self.backend.model_id
+
+    async def __aenter__(self) -> Agent:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        return None
+
+    def interaction(self, task: Task, **sampling_overrides) -> Interaction:
+        """Turn-by-turn control: ``reply = await it.send(user_text)``; ``it.trace`` is the run so far."""
+        return Interaction(self, task, self.config.sampling.with_overrides(**sampling_overrides))
+
+    async def run(self, task: Task, **sampling_overrides) -> Trace:
+        """Single-turn chat on the task's prompt: one reply, one trace."""
+        async with self.interaction(task, **sampling_overrides) as it:
+            await it.send()
+        return it.trace
+
+
+class Interaction:
+    """A conversation between the environment (as the user) and one agent."""
+
+    def __init__(self, agent: Agent, task: Task, sampling: SamplingParams):
+        self.agent = agent
+        self.task = task
+        self.sampling = sampling
+        self.trace = Trace(model=agent.model_id)
+        self.turns = 0
+        self._reply_ended_turn = True
+        self._on_close: list[Callable[[Trace], None]] = []
+
+    async def __aenter__(self) -> Interaction:
+        return self
+
+    async def __aexit__(self, exc_type, exc, tb) -> None:
+        if exc is not None and self.trace.error is None:
+            self.trace.error = f"{type(exc).__name__}: {exc}"
+        self.close()
+
+    def close(self) -> Trace:
+        callbacks, self._on_close = self._on_close, []
+        for cb in callbacks:
+            cb(self.trace)
+        return self.trace
+
+    async def send(self, text: str | None = None, *, state: Any = None, **sampling_overrides) -> str:
+        """Say ``text`` as the user (the task's prompt on the first turn if None) and return the reply."""
+        agent, trace = self.agent, self.trace
+        if self.turns >= agent.config.harness.max_turns:
+            raise TurnLimitReached(f"{trace.agent}: max_turns={agent.config.harness.max_turns} reached")
+        if not trace.segments:
+            system = self.task.data.system_prompt or agent.config.harness.system_prompt
+            if system:
+                trace.messages.append({"role": "system", "content": system})
+            trace.messages.append({"role": "user", "content": self.task.data.prompt if text is None else text})
+            trace.append("prompt", agent.template.prompt_ids(trace.messages))
+        else:
+            if text is None:
+                raise ValueError("send() after the first turn needs the user's text")
+            trace.messages.append({"role": "user", "content": text})
+            trace.append("observation", agent.template.user_turn_ids(text, self._reply_ended_turn))
+        params = self.sampling.with_overrides(**sampling_overrides)
+        reply = await asyncio.wait_for(self._reply(params, state), timeout=agent.config.timeout)
+        self.turns += 1
+        trace.messages.append({"role": "assistant", "content": reply})
+        trace.last_reply = reply
+        return reply
+
+    async def _reply(self, params: SamplingParams, state: Any) -> str:
+        agent, trace = self.agent, self.trace
+        tok = agent.tokenizer
+        if agent.backend is None:  # scripted
+            out = agent.config.policy(ScriptedTurn(list(trace.messages), self.task, state))
+            reply = await out if inspect.isawaitable(out) else out
+            if not isinstance(reply, str):
+                raise TypeError(f"scripted policy must return str, got {type(reply).__name__}")
+            ids = agent.template.encode(reply + agent.template.eos_text)
+            trace.append("action", ids)
+            self._reply_ended_turn = bool(agent.template.eos_text)
+            return reply
+        gen = await agent.backend.generate(trace.token_ids, params)
+        trace.append("action", gen.token_ids, gen.logprobs)
+        self._reply_ended_turn = gen.finish_reason == "stop"
+        text = tok.decode(gen.token_ids, skip_special_tokens=True)
+        for s in params.stop:
+            if s in text:
+                text = text[: text.index(s)]
+        return text
+
+
+# -- building agents ------------------------------------------------------------------------------
+
+_BACKENDS: dict[str, GenerationBackend] = {}
+
+
+def frozen_backend(model_id: str) -> GenerationBackend:
+    """A process-wide cached backend for a frozen model (loaded once however many seats use it)."""
+    if model_id not in _BACKENDS:
+        from .backends.transformers import TransformersBackend
+        from .models import load_model_and_tokenizer
+
+        model, tok = load_model_and_tokenizer(model_id)
+        model.eval().requires_grad_(False)
+        _BACKENDS[model_id] = TransformersBackend(model, tok, model_id=model_id)
+    return _BACKENDS[model_id]
+
+
+def make_agent(config: AgentConfig | dict, *, policy_backend: GenerationBackend | None = None) -> Agent:
+    """Build an agent from its config.
+
+    >>> agent = make_agent(AgentConfig(model="tiny", harness={"id": "chat"}))  # doctest: +SKIP
+    """
+    if isinstance(config, dict):
+        config = AgentConfig(**config)
+    if config.model == SCRIPTED:
+        from .models import load_tokenizer
+
+        tok = policy_backend.tokenizer if policy_backend is not None and config.tokenizer is None else None
+        return Agent(config, None, tok or load_tokenizer(config.tokenizer or "tiny"))
+    if config.model == POLICY:
+        if policy_backend is None:
+            raise ValueError("model='policy' binds a seat to the live policy, which only a trainer provides")
+        return Agent(config, policy_backend)
+    return Agent(config, frozen_backend(config.model))
+
+
+@dataclass
+class Seat:
+    """An agent as one episode sees it: its role name, trainability, and where finished runs go."""
+
+    agent: Agent
+    role: str
+    trainable: bool
+    sink: list[Trace] = field(default_factory=list)
+
+    def _stamp(self, trace: Trace) -> None:
+        trace.agent, trace.trainable = self.role, self.trainable
+        self.sink.append(trace)
+
+    def interaction(self, task: Task, **sampling_overrides) -> Interaction:
+        it = self.agent.interaction(task, **sampling_overrides)
+        it.trace.agent = self.role
+        it._on_close.append(self._stamp)
+        return it
+
+    async def run(self, task: Task, **sampling_overrides) -> Trace:
+        async with self.interaction(task, **sampling_overrides) as it:
+            await it.send()
+        return it.trace

@@ -1,0 +1,178 @@
+"""The algorithm contract, the registry, and helpers shared by the algorithm files.
+
+An algorithm turns finished episodes into per-token training signal. It writes a
+:class:`~multiagent_rl.trace.TokenStreams` onto each trace it trains (aligned with
+``trace.token_ids``) and touches nothing else. It only ever trains a trace that is
+``trainable``, has no ``error``, belongs to an episode with ``ok`` True, and whose role
+(``trace.agent``) is in the ``roles`` it was handed (``None`` = every role).
+
+The trainer calls, per training step::
+
+    await algo.setup(ctx)                        # once
+    await algo.score_episode(episode, roles)     # per episode (teacher scoring)
+    algo.score_group(episodes, roles)            # per task group: the G episodes of one task
+
+Configs are pydantic models with a ``type`` discriminator; ``@register`` adds a class to
+:data:`ALGORITHMS` under its config's ``type``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import pydantic
+from pydantic import ConfigDict
+
+from ..episode import Episode
+from ..trace import Trace
+
+
+class AlgorithmConfig(pydantic.BaseModel):
+    """Base of every algorithm config; ``type`` selects the algorithm."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    type: str
+    """Registered algorithm name (``grpo``, ``max_rl``, ``rae``, ...)."""
+
+
+@dataclass
+class AlgorithmContext:
+    """What the trainer hands to :meth:`Algorithm.setup`."""
+
+    policy_model: Any = None
+    """The live policy (a torch module), or None where no model is involved."""
+    tokenizer: Any = None
+    """The policy's tokenizer, or None."""
+    load_model: Callable[[str], Any] | None = None
+    """Model id/path -> frozen eval-mode model; the caller caches it (a teacher used twice is loaded once)."""
+
+
+class Algorithm:
+    """Base class: override :meth:`score_group` (credit) and/or :meth:`score_episode` (per-episode work)."""
+
+    config_class: ClassVar[type[AlgorithmConfig]] = AlgorithmConfig
+    loss_types: ClassVar[tuple[str, ...]] = ()
+    """Streams this algorithm writes: a subset of ("rl", "ce", "ref_kl")."""
+    samples_from_policy: ClassVar[bool] = True
+    """False when the trained tokens come from someone else (a frozen teacher, a scripted agent)."""
+
+    def __init__(self, config: AlgorithmConfig | dict[str, Any] | None = None):
+        if config is None:
+            config = self.config_class()
+        elif isinstance(config, dict):
+            config = self.config_class.model_validate(config)
+        elif not isinstance(config, self.config_class):
+            raise TypeError(f"{type(self).__name__} expects a {self.config_class.__name__}, got {type(config).__name__}")
+        self.config = config
+
+    @property
+    def name(self) -> str:
+        """The config's ``type``; the tag used for per-algorithm metrics."""
+        return self.config.type
+
+    async def setup(self, ctx: AlgorithmContext) -> None:
+        """Load or connect what the algorithm needs (teachers). Default: nothing."""
+
+    async def score_episode(self, episode: Episode, roles: set[str] | None = None) -> None:
+        """Per-episode work such as teacher scoring. Default: nothing."""
+
+    def score_group(self, episodes: list[Episode], roles: set[str] | None = None) -> None:
+        """Group-relative credit over the G episodes of one task. Default: nothing."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-able state saved in checkpoints. Default: none."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned. Default: nothing."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.config!r})"
+
+
+# -- registry -------------------------------------------------------------------------------
+
+ALGORITHMS: dict[str, type[Algorithm]] = {}
+"""Registered algorithm classes by config ``type``."""
+
+
+def register(cls: type[Algorithm]) -> type[Algorithm]:
+    """Class decorator: register ``cls`` under the default ``type`` of its ``config_class``."""
+    name = cls.config_class.model_fields["type"].default
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"{cls.config_class.__name__}.type needs a string default to be registered")
+    if name in ALGORITHMS and ALGORITHMS[name] is not cls:
+        raise ValueError(f"algorithm type {name!r} is already registered by {ALGORITHMS[name].__name__}")
+    ALGORITHMS[name] = cls
+    return cls
+
+
+def parse_algorithm_config(d: dict[str, Any] | AlgorithmConfig) -> AlgorithmConfig:
+    """Validate an algorithm config given as a dict (``{"type": "grpo", ...}``) or a config object.
+
+    Raises ValueError for a missing or unknown ``type`` (naming the known ones) and
+    pydantic.ValidationError for unknown or ill-typed keys (naming the key).
+    """
+    if isinstance(d, AlgorithmConfig):
+        if d.type not in ALGORITHMS:
+            raise ValueError(f"Unknown algorithm type {d.type!r}; known types: {', '.join(sorted(ALGORITHMS))}")
+        return d
+    if not isinstance(d, dict):
+        raise TypeError(f"An algorithm config must be a dict or an AlgorithmConfig, got {type(d).__name__}")
+    kind = d.get("type")
+    if kind is None:
+        raise ValueError(f"Algorithm config {d!r} has no 'type'; known types: {', '.join(sorted(ALGORITHMS))}")
+    if kind not in ALGORITHMS:
+        raise ValueError(f"Unknown algorithm type {kind!r}; known types: {', '.join(sorted(ALGORITHMS))}")
+    return ALGORITHMS[kind].config_class.model_validate(d)
+
+
+def build_algorithm(d: dict[str, Any] | AlgorithmConfig) -> Algorithm:
+    """Parse ``d`` and instantiate the matching algorithm."""
+    config = parse_algorithm_config(d)
+    return ALGORITHMS[config.type](config)
+
+
+# -- helpers for algorithm files -------------------------------------------------------------
+
+
+def is_trained(episode: Episode, trace: Trace, roles: set[str] | None) -> bool:
+    """Whether an algorithm may write onto ``trace``."""
+    return (
+        episode.ok
+        and trace.trainable
+        and trace.error is None
+        and (roles is None or trace.agent in roles)
+    )
+
+
+def trained_traces(episodes: Iterable[Episode], roles: set[str] | None) -> Iterator[tuple[int, Episode, Trace]]:
+    """``(episode index, episode, trace)`` for every trace an algorithm may train, in order."""
+    for i, episode in enumerate(episodes):
+        for trace in episode.traces:
+            if is_trained(episode, trace, roles):
+                yield i, episode, trace
+
+
+PeerKey = Callable[[int, Episode, Trace], Hashable]
+
+
+def by_role(index: int, episode: Episode, trace: Trace) -> Hashable:
+    """Peer key: the trace's role across the whole task group (roles are never pooled)."""
+    return trace.agent
+
+
+def peer_groups(episodes: list[Episode], roles: set[str] | None, key: PeerKey = by_role) -> dict[Hashable, list[Trace]]:
+    """Trained traces grouped by ``key`` (insertion-ordered, so results are deterministic)."""
+    groups: dict[Hashable, list[Trace]] = {}
+    for i, episode, trace in trained_traces(episodes, roles):
+        groups.setdefault(key(i, episode, trace), []).append(trace)
+    return groups
+
+
+def on_kind(trace: Trace, kind: str, value: float) -> list[float]:
+    """A per-token stream that is ``value`` on tokens of ``kind`` and 0 elsewhere."""
+    return [value if k == kind else 0.0 for k in trace.token_kinds]

@@ -1,0 +1,49 @@
+"""The one interface every generation backend implements: token ids in, sampled ids + logprobs out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class SamplingParams(BaseModel):
+    """How to sample one reply."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    temperature: float = Field(1.0, ge=0.0)
+    """Softmax temperature; 0 means greedy decoding."""
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """Nucleus sampling mass."""
+    max_new_tokens: int = Field(64, ge=1)
+    """Most tokens sampled in one turn."""
+    stop: tuple[str, ...] = ()
+    """Stop strings: the reply text ends before the first of them (the sampled tokens are kept)."""
+    seed: int | None = None
+    """Seed for this call's sampling (requests sharing a seed are served in one seeded batch)."""
+
+    def with_overrides(self, **overrides) -> SamplingParams:
+        return self if not overrides else self.model_copy(update=overrides)
+
+
+FinishReason = Literal["stop", "stop_string", "length"]
+
+
+@dataclass
+class Generation:
+    """One sampled reply. ``logprobs[i]`` is log π(token_ids[i]) under the sampling temperature."""
+
+    token_ids: list[int]
+    logprobs: list[float] | None
+    finish_reason: FinishReason
+
+
+class GenerationBackend(Protocol):
+    """What an agent needs from a model server."""
+
+    model_id: str
+    tokenizer: object
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation: ...

@@ -1,0 +1,159 @@
+"""Kuhn poker: the smallest poker game with a known equilibrium, for self-play.
+
+Rules (standard Kuhn poker): a deck of three cards J < Q < K; each player antes 1 chip and gets one
+card. Player 0 acts first: ``check`` or ``bet`` (1 chip). After a check, player 1 may ``check``
+(showdown for the antes) or ``bet``; facing a bet, a player may ``fold`` (losing the ante) or
+``call`` (showdown for 2 chips each). The higher card wins the showdown.
+
+Each decision is one turn of the seat's own conversation: the prompt states its private card, the
+betting so far and its legal actions, and the reply's first word is the action. An invalid reply
+gets one re-prompt; a second invalid reply forfeits the hand: the seat gets ``invalid_penalty``
+(default -2, worse than any fold, so the policy is never better off babbling than folding) and
+the opponent wins its ante (+1). Reward = chips won by the seat.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from typing import Any
+
+from ..env import Env
+from ..task import Task, TaskData
+
+CARDS = ("J", "Q", "K")
+ROLES = ("player_0", "player_1")
+DEALS = tuple(itertools.permutations(CARDS, 2))  # (card of player 0, card of player 1): 6 deals
+
+
+def legal_actions(history: tuple[str, ...]) -> tuple[str, str]:
+    return ("fold", "call") if history and history[-1] == "bet" else ("check", "bet")
+
+
+def to_act(history: tuple[str, ...]) -> int | None:
+    """Whose turn it is after ``history``, or None when the hand is over."""
+    if history in ((), ("check", "bet")):
+        return 0
+    if history in (("check",), ("bet",)):
+        return 1
+    return None
+
+
+def payoff(cards: tuple[str, str], history: tuple[str, ...]) -> tuple[int, int]:
+    """Chips won by each player at the end of a hand."""
+    if history[-1] == "fold":
+        folder = len(history) % 2 == 0  # fold is the 2nd or 3rd action: 2nd = player 1, 3rd = player 0
+        winner = 0 if folder else 1
+        return (1, -1) if winner == 0 else (-1, 1)
+    stake = 2 if "bet" in history else 1
+    winner = 0 if CARDS.index(cards[0]) > CARDS.index(cards[1]) else 1
+    return (stake, -stake) if winner == 0 else (-stake, stake)
+
+
+def decision_prompt(player: int, card: str, history: tuple[str, ...]) -> str:
+    """What a seat is told before each decision."""
+    so_far = ", ".join(history) if history else "none"
+    legal = ", ".join(legal_actions(history))
+    return (
+        f"Kuhn poker. You are player {player}. Your card is {card}. "
+        f"Betting so far: {so_far}. Legal actions: {legal}. Reply with one word."
+    )
+
+
+def invalid_prompt(history: tuple[str, ...]) -> str:
+    return f"Invalid reply. Legal actions: {', '.join(legal_actions(history))}. Reply with one word."
+
+
+def parse_action(reply: str, history: tuple[str, ...]) -> str | None:
+    words = reply.strip().lower().split()
+    word = words[0].strip(".,!?:;\"'`") if words else ""
+    return word if word in legal_actions(history) else None
+
+
+def corpus_lines() -> list[str]:
+    lines = []
+    for player, card in itertools.product((0, 1), CARDS):
+        for history in ((), ("check",), ("bet",), ("check", "bet")):
+            if to_act(history) == player:
+                lines += [decision_prompt(player, card, history), invalid_prompt(history)]
+    return lines + ["check", "bet", "fold", "call"]
+
+
+class KuhnPokerEnv(Env):
+    """Two seats, ``player_0`` and ``player_1``; a task is one deal.
+
+    ``reply_tokens`` bounds each reply (1 suits the embedded tiny model, whose vocabulary has
+    every action as one token; use ~4 with a real model).
+    """
+
+    name = "kuhn_poker"
+    roles = ROLES
+
+    def __init__(self, invalid_penalty: float = -2.0, reply_tokens: int = 1):
+        if invalid_penalty >= -1:
+            raise ValueError(f"invalid_penalty={invalid_penalty} must be below -1 (a fold), or babbling beats folding")
+        self.invalid_penalty = invalid_penalty
+        self.reply_tokens = reply_tokens
+
+    def sample_tasks(self, num: int, rng: random.Random) -> list[Task]:
+        return [Task(TaskData(info={"cards": list(rng.choice(DEALS))})) for _ in range(num)]
+
+    async def run(self, task: Task, agents) -> None:
+        cards = tuple(task.data.info["cards"])
+        seats = [agents[role].interaction(task, max_new_tokens=self.reply_tokens) for role in ROLES]
+        history: tuple[str, ...] = ()
+        invalid = [0, 0]
+        forfeit: int | None = None
+        while (player := to_act(history)) is not None:
+            seat = seats[player]
+            state = {"player": player, "card": cards[player], "history": history}
+            action = parse_action(await seat.send(decision_prompt(player, cards[player], history), state=state), history)
+            if action is None:
+                invalid[player] += 1
+                action = parse_action(await seat.send(invalid_prompt(history), state=state), history)
+            if action is None:
+                invalid[player] += 1
+                forfeit = player
+                break
+            history += (action,)
+        chips = (
+            payoff(cards, history)
+            if forfeit is None
+            else tuple(self.invalid_penalty if p == forfeit else 1.0 for p in (0, 1))
+        )
+        for player, seat in enumerate(seats):
+            seat.trace.add_reward("chips", chips[player])
+            seat.trace.metrics.update(invalid_replies=invalid[player], forfeit=float(forfeit == player))
+            seat.trace.info.update(card=cards[player], history=list(history))
+            seat.close()
+
+
+# -- scripted opponents --------------------------------------------------------------------------
+
+
+def random_policy(seed: int | None = None):
+    """Uniformly random legal actions (exploitability 0.458)."""
+    rng = random.Random(seed)
+    return lambda turn: rng.choice(legal_actions(turn.state["history"]))
+
+
+def table_policy(table: dict[Any, dict[str, float]], seed: int | None = None):
+    """Play a tabular policy ``{InfoState: {action: prob}}`` (see ``multiagent_rl.eval.kuhn``)."""
+    from ..eval.kuhn import InfoState
+
+    rng = random.Random(seed)
+
+    def act(turn) -> str:
+        s = turn.state
+        probs = table[InfoState(s["player"], s["card"], tuple(s["history"]))]
+        actions = list(probs)
+        return rng.choices(actions, weights=[probs[a] for a in actions])[0]
+
+    return act
+
+
+def nash_policy(alpha: float = 1 / 6, seed: int | None = None):
+    """A Nash equilibrium policy of the one-parameter family, alpha in [0, 1/3]."""
+    from ..eval.kuhn import nash_policy as nash_table
+
+    return table_policy(nash_table(alpha), seed)

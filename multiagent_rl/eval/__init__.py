@@ -1,0 +1,1 @@
+"""Evaluation utilities. ``multiagent_rl.eval.kuhn``: exact Kuhn poker evaluation via OpenSpiel."""

@@ -1,0 +1,163 @@
+"""The embedded default model: a tiny tokenizer + causal LM built fully offline.
+
+``resolve_model("tiny")`` builds (once) and returns the path of a folder holding a byte-level BPE
+tokenizer with a ChatML chat template and a randomly initialised Qwen2-family model, so every code
+path that takes a hub id or a local path also runs on a CPU with no network. The tokenizer is
+trained on a small built-in corpus covering the built-in environments' words, so words such as
+``bet`` or ``fold`` are single tokens; being byte-level, it still tokenises any text.
+
+>>> from multiagent_rl.models import load_model_and_tokenizer
+>>> model, tok = load_model_and_tokenizer("tiny")  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+TINY = "tiny"
+TINY_VERSION = "v1"
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+# Words every built-in environment and the examples use; each env adds its own lines too.
+_BASE_CORPUS = """
+system user assistant
+You are a helpful assistant. Answer the question. Think step by step, then reply.
+Find the latest released version of the `verifiers` Python package on PyPI.
+The answer is yes. The answer is no. I do not know. Please try again. Thank you.
+What is 2 + 2? 4. What is the capital of France? Paris.
+Write a short story about a cat. Solve the problem. Check the tests. The tests pass. The tests fail.
+Propose a problem. Solve this problem. Judge the solution. The solution is correct. The solution is wrong.
+Hello! How can I help you today? I want to book a flight. My goal is hidden. Goodbye.
+0 1 2 3 4 5 6 7 8 9 10 100 a b c d e f g h i j k l m n o p q r s t u v w x y z
+"""
+
+
+def cache_dir() -> Path:
+    """Where built models live: ``$MULTIAGENT_RL_CACHE`` or ``~/.cache/multiagent_rl``."""
+    return Path(os.environ.get("MULTIAGENT_RL_CACHE", Path.home() / ".cache" / "multiagent_rl"))
+
+
+def _corpus() -> list[str]:
+    from .envs import corpus_lines
+
+    lines = [line for line in _BASE_CORPUS.strip().splitlines() if line.strip()]
+    lines += corpus_lines()
+    # Single-word lines teach the tokenizer the word both at the start of a reply and after a space.
+    words = sorted({w.strip(".,!?:;`()") for line in lines for w in line.split()} - {""})
+    return lines * 4 + words * 8 + [" ".join(words)] * 4
+
+
+def build_tiny_tokenizer(vocab_size: int = 1024):
+    """Train the byte-level BPE tokenizer on the built-in corpus (deterministic, ~1 s)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_corpus(), trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token=None,
+        chat_template=CHATML_TEMPLATE,
+        model_max_length=2048,
+    )
+
+
+def build_tiny_model(vocab_size: int, seed: int = 0):
+    """A randomly initialised Qwen2 causal LM small enough to train on two CPU cores."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)
+    model.generation_config.eos_token_id = [2, 0]
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def tiny_model_path() -> Path:
+    """Build the tiny model and tokenizer once (atomically, safe across processes) and return the folder."""
+    target = cache_dir() / f"tiny-{TINY_VERSION}"
+    if (target / "ready.json").exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="tiny-", dir=target.parent))
+    try:
+        tokenizer = build_tiny_tokenizer()
+        assert tokenizer.convert_tokens_to_ids(SPECIAL_TOKENS) == [0, 1, 2]
+        model = build_tiny_model(len(tokenizer))
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "ready.json").write_text(json.dumps({"version": TINY_VERSION}))
+        try:
+            os.rename(tmp, target)
+        except OSError:  # another process finished first; theirs is identical
+            pass
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def resolve_model(model_id: str) -> str:
+    """Map ``"tiny"`` to the embedded model's folder; hub ids and local paths pass through."""
+    return str(tiny_model_path()) if model_id == TINY else model_id
+
+
+def load_tokenizer(model_id: str):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(resolve_model(model_id))
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_model_and_tokenizer(model_id: str, *, dtype=None, device=None):
+    """Load a causal LM and its tokenizer by id (``"tiny"``, a hub id or a local path).
+
+    On CPU the default dtype is float32 (bf16 matmuls are slow and inexact there).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    path = resolve_model(model_id)
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if dtype is None:
+        dtype = torch.bfloat16 if str(device).startswith("cuda") and torch.cuda.is_bf16_supported() else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+    return model, load_tokenizer(model_id)

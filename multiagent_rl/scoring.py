@@ -1,0 +1,95 @@
+"""Per-token log-probabilities of given sequences under a causal LM (teacher scoring).
+
+``token_logprobs(model, sequences)[i][j] = log p(sequences[i][j] | sequences[i][:j])`` with
+element 0 ``None`` (the first token has no context). Sequences are batched with right padding
+and an attention mask, one no-grad forward per batch; the log-softmax is taken in float32.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def model_device(model: Any) -> torch.device:
+    """The device of ``model``'s parameters (``model.device`` when it has one)."""
+    device = getattr(model, "device", None)
+    if isinstance(device, torch.device):
+        return device
+    try:
+        return next(model.parameters()).device
+    except (StopIteration, AttributeError):
+        return torch.device("cpu")
+
+
+def vocab_size(model: Any) -> int | None:
+    """Number of logits the model produces per position (its output vocabulary), if known."""
+    try:
+        out = model.get_output_embeddings()
+        if out is not None and getattr(out, "weight", None) is not None:
+            return int(out.weight.shape[0])
+    except (AttributeError, NotImplementedError):
+        pass
+    config = getattr(model, "config", None)
+    size = getattr(config, "vocab_size", None)
+    if size is None and config is not None and hasattr(config, "get_text_config"):
+        size = getattr(config.get_text_config(), "vocab_size", None)
+    return int(size) if size is not None else None
+
+
+def token_logprobs(model: Any, sequences: list[list[int]], batch_size: int = 16) -> list[list[float | None]]:
+    """Log-probability of every token of every sequence given its prefix.
+
+    Args:
+        model: a Hugging Face causal LM (``model(input_ids=..., attention_mask=...).logits``).
+        sequences: token id lists, possibly of different lengths.
+        batch_size: sequences per forward pass (sequences are length-sorted to limit padding).
+
+    Returns:
+        one list per sequence, aligned with it: ``[None, log p(t1|t0), log p(t2|t0 t1), ...]``.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    size = vocab_size(model)
+    if size is not None:
+        for seq in sequences:
+            bad = [t for t in seq if not 0 <= t < size]
+            if bad:
+                raise ValueError(
+                    f"token id {bad[0]} is outside the model's vocabulary of {size} tokens; "
+                    "the scoring model must share the tokenizer that produced these tokens"
+                )
+
+    # sequences of 0 or 1 tokens need no forward pass
+    results: list[list[float | None]] = [[None] * min(len(seq), 1) for seq in sequences]
+    order = sorted((i for i, seq in enumerate(sequences) if len(seq) > 1), key=lambda i: -len(sequences[i]))
+    if not order:
+        return results
+
+    device = model_device(model)
+    was_training = bool(getattr(model, "training", False))
+    model.eval()
+    try:
+        with torch.no_grad():
+            for start in range(0, len(order), batch_size):
+                idx = order[start : start + batch_size]
+                width = max(len(sequences[i]) for i in idx)
+                input_ids = torch.zeros((len(idx), width), dtype=torch.long)
+                attention_mask = torch.zeros((len(idx), width), dtype=torch.long)
+                for row, i in enumerate(idx):
+                    n = len(sequences[i])
+                    input_ids[row, :n] = torch.tensor(sequences[i], dtype=torch.long)
+                    attention_mask[row, :n] = 1
+                input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+                logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
+                for row, i in enumerate(idx):
+                    n = len(sequences[i])
+                    # one row at a time keeps the float32 copy of the logits to (n, vocab)
+                    logp = torch.log_softmax(logits[row, : n - 1].float(), dim=-1)
+                    picked = logp.gather(-1, input_ids[row, 1:n].unsqueeze(-1)).squeeze(-1)
+                    results[i] = [None, *picked.cpu().tolist()]
+                del logits
+    finally:
+        model.train(was_training)
+    return results

@@ -1,0 +1,163 @@
+"""Traces: one agent's run on one task, at token level.
+
+A trace is an ordered list of :class:`Segment` s. ``prompt`` segments are context the agent was
+given, ``action`` segments were sampled by the agent (with their sampling logprobs),
+``observation`` segments are text fed back in a later turn (environment, tool, other agents).
+Multi-turn traces grow by appending segments; the tokens the model saw at turn k+1 are exactly
+``trace.token_ids`` up to that point.
+
+Algorithms attach per-token weight streams (:class:`TokenStreams`) to trainable traces; the
+collator turns them into tensors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+SegmentKind = Literal["prompt", "action", "observation"]
+KINDS = ("prompt", "action", "observation")
+
+
+@dataclass
+class Segment:
+    """A run of tokens of one kind. ``logprobs`` is set on sampled actions only."""
+
+    kind: SegmentKind
+    token_ids: list[int]
+    logprobs: list[float] | None = None
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"Segment kind must be one of {KINDS}, got {self.kind!r}")
+        if self.logprobs is not None and len(self.logprobs) != len(self.token_ids):
+            raise ValueError(
+                f"Segment has {len(self.token_ids)} tokens but {len(self.logprobs)} logprobs; they must match"
+            )
+
+
+@dataclass
+class RewardRecord:
+    """A named reward component; ``trace.reward`` is the weighted sum of these."""
+
+    name: str
+    value: float
+    weight: float = 1.0
+
+
+@dataclass
+class TokenStreams:
+    """Per-token training signal written by an algorithm, aligned with ``trace.token_ids``.
+
+    ``rl`` holds advantages (0 where not trained), ``ce`` cross-entropy weights, ``ref_kl``
+    weights for the reverse-KL stream and ``ref_logprobs`` the teacher's logprob of each token
+    (``None`` where it has none). ``algorithm`` is the tag used for metrics.
+    """
+
+    algorithm: str
+    rl: list[float] | None = None
+    ce: list[float] | None = None
+    ref_kl: list[float] | None = None
+    ref_logprobs: list[float | None] | None = None
+
+    def has_weight(self) -> bool:
+        return any(any(w != 0 for w in s) for s in (self.rl, self.ce, self.ref_kl) if s is not None)
+
+
+@dataclass
+class Trace:
+    """One agent's run on one task.
+
+    >>> t = Trace(agent="solver", segments=[Segment("prompt", [1, 2]), Segment("action", [3], [-0.5])])
+    >>> t.token_ids, t.num_action_tokens
+    ([1, 2, 3], 1)
+    """
+
+    agent: str = "agent"
+    segments: list[Segment] = field(default_factory=list)
+    trainable: bool = False
+    model: str | None = None
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    rewards: list[RewardRecord] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    last_reply: str | None = None
+    streams: TokenStreams | None = None
+
+    # -- tokens ---------------------------------------------------------------------------
+    @property
+    def token_ids(self) -> list[int]:
+        return [t for s in self.segments for t in s.token_ids]
+
+    @property
+    def token_kinds(self) -> list[str]:
+        return [s.kind for s in self.segments for _ in s.token_ids]
+
+    @property
+    def sampling_logprobs(self) -> list[float | None]:
+        out: list[float | None] = []
+        for s in self.segments:
+            out.extend(s.logprobs if s.logprobs is not None else [None] * len(s.token_ids))
+        return out
+
+    @property
+    def num_action_tokens(self) -> int:
+        return sum(len(s.token_ids) for s in self.segments if s.kind == "action")
+
+    @property
+    def prompt_length(self) -> int:
+        """Length of the first prompt segment: what the collator treats as the sample's prompt."""
+        return len(self.segments[0].token_ids) if self.segments and self.segments[0].kind == "prompt" else 0
+
+    def append(self, kind: SegmentKind, token_ids: list[int], logprobs: list[float] | None = None) -> None:
+        """Append tokens, merging with the last segment when it has the same kind."""
+        if not token_ids:
+            return
+        last = self.segments[-1] if self.segments else None
+        if last is not None and last.kind == kind and (last.logprobs is None) == (logprobs is None):
+            last.token_ids.extend(token_ids)
+            if logprobs is not None:
+                last.logprobs.extend(logprobs)
+        else:
+            self.segments.append(Segment(kind, list(token_ids), None if logprobs is None else list(logprobs)))
+
+    # -- rewards --------------------------------------------------------------------------
+    @property
+    def reward(self) -> float:
+        return sum(r.value * r.weight for r in self.rewards)
+
+    def add_reward(self, name: str, value: float, weight: float = 1.0) -> None:
+        self.rewards.append(RewardRecord(name, float(value), float(weight)))
+
+    # -- serialisation --------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "agent": self.agent,
+            "segments": [{"kind": s.kind, "token_ids": s.token_ids, "logprobs": s.logprobs} for s in self.segments],
+            "trainable": self.trainable,
+            "model": self.model,
+            "messages": self.messages,
+            "rewards": [{"name": r.name, "value": r.value, "weight": r.weight} for r in self.rewards],
+            "metrics": self.metrics,
+            "info": self.info,
+            "error": self.error,
+            "last_reply": self.last_reply,
+            "streams": None if self.streams is None else vars(self.streams).copy(),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Trace:
+        return cls(
+            agent=d["agent"],
+            segments=[Segment(**s) for s in d["segments"]],
+            trainable=d["trainable"],
+            model=d["model"],
+            messages=d["messages"],
+            rewards=[RewardRecord(**r) for r in d["rewards"]],
+            metrics=d["metrics"],
+            info=d["info"],
+            error=d["error"],
+            last_reply=d["last_reply"],
+            streams=None if d.get("streams") is None else TokenStreams(**d["streams"]),
+        )
