@@ -1,0 +1,105 @@
+"""Scored traces → training tensors.
+
+One sample per trainable trace that carries weight on some stream: the first prompt segment is the
+sample's prompt (left-padded), everything after it the completion (right-padded), with per-token
+weights for the three loss streams (rl advantages, ce weights, ref_kl weights + teacher logprobs),
+the sampling logprobs, and per-sample tags (algorithm, env, role) for metrics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .episode import Episode
+from .trace import Trace
+
+STREAMS = ("rl", "ce", "ref_kl")
+
+
+@dataclass
+class Sample:
+    trace: Trace
+    env: str
+
+
+def trainable_samples(episodes: list[Episode]) -> list[Sample]:
+    """Traces that some stream puts weight on; the rest never enter the batch."""
+    return [
+        Sample(t, ep.env)
+        for ep in episodes
+        if ep.ok
+        for t in ep.traces
+        if t.trainable and t.streams is not None and t.streams.has_weight()
+    ]
+
+
+def collate(samples: list[Sample], pad_token_id: int, multiple_of: int = 1) -> dict:
+    """Pad samples into the tensor dict ``MixedAlgorithmTrainer._compute_loss`` reads.
+
+    The batch is padded with weightless rows to a multiple of ``multiple_of`` (TRL splits a
+    generation batch into equal micro-batches); padding rows attend to one pad token and carry
+    no weight on any stream.
+    """
+    rows = []
+    for s in samples:
+        ids, streams, p = s.trace.token_ids, s.trace.streams, s.trace.prompt_length
+        if p == 0 or p == len(ids):
+            raise ValueError(f"trace of {s.trace.agent!r} needs a prompt segment followed by completion tokens")
+        kinds = s.trace.token_kinds[p:]
+        rl = streams.rl[p:] if streams.rl is not None else [0.0] * (len(ids) - p)
+        rows.append(
+            dict(
+                prompt=ids[:p],
+                completion=ids[p:],
+                rl=rl,
+                # zero-advantage samples leave the rl stream only
+                rl_mask=[float(k == "action") for k in kinds] if any(a != 0 for a in rl) else [0.0] * len(kinds),
+                ce=streams.ce[p:] if streams.ce is not None else [0.0] * len(kinds),
+                ref_kl=streams.ref_kl[p:] if streams.ref_kl is not None else [0.0] * len(kinds),
+                ref_logps=[x or 0.0 for x in streams.ref_logprobs[p:]] if streams.ref_logprobs else [0.0] * len(kinds),
+                sampling_logps=[x or 0.0 for x in s.trace.sampling_logprobs[p:]],
+                action=[float(k == "action") for k in kinds],
+                algorithm=streams.algorithm,
+                env=s.env,
+                role=s.trace.agent,
+            )
+        )
+    while not rows or len(rows) % multiple_of:
+        rows.append(
+            dict(prompt=[pad_token_id], completion=[pad_token_id], rl=[0.0], rl_mask=[0.0], ce=[0.0], ref_kl=[0.0],
+                 ref_logps=[0.0], sampling_logps=[0.0], action=[0.0], algorithm="padding", env="", role="")
+        )
+    P = max(len(r["prompt"]) for r in rows)
+    T = max(len(r["completion"]) for r in rows)
+    B = len(rows)
+    prompt_ids = torch.full((B, P), pad_token_id, dtype=torch.long)
+    prompt_mask = torch.zeros((B, P), dtype=torch.long)
+    completion_ids = torch.full((B, T), pad_token_id, dtype=torch.long)
+    completion_mask = torch.zeros((B, T), dtype=torch.long)
+    floats = {k: torch.zeros((B, T)) for k in ("rl", "rl_mask", "ce", "ref_kl", "ref_logps", "sampling_logps", "action")}
+    for i, r in enumerate(rows):
+        p, c = len(r["prompt"]), len(r["completion"])
+        prompt_ids[i, P - p :] = torch.tensor(r["prompt"])
+        prompt_mask[i, P - p :] = 1
+        completion_ids[i, :c] = torch.tensor(r["completion"])
+        completion_mask[i, :c] = 1
+        for k, t in floats.items():
+            t[i, :c] = torch.tensor(r[k], dtype=torch.float32)
+    return {
+        "prompt_ids": prompt_ids,
+        "prompt_mask": prompt_mask,
+        "completion_ids": completion_ids,
+        "completion_mask": completion_mask,
+        "advantages": floats["rl"],
+        "rl_mask": floats["rl_mask"],
+        "ce_weights": floats["ce"],
+        "ref_kl_weights": floats["ref_kl"],
+        "ref_logps": floats["ref_logps"],
+        "sampling_logps": floats["sampling_logps"],
+        "action_mask": floats["action"],
+        "algorithm": [r["algorithm"] for r in rows],
+        "env": [r["env"] for r in rows],
+        "role": [r["role"] for r in rows],
+    }
