@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -87,6 +89,9 @@ class ChatTemplate:
         self.turn_close = closed[closed.index("PROBE_A") + len("PROBE_A") :]
         eos = tokenizer.eos_token or ""
         self.eos_text = eos if eos and self.turn_close.startswith(eos) else ""
+        # Envs repeat the same messages across thousands of episodes: render each one once (bounded LRU).
+        self._prompt_cache: OrderedDict[str, list[int]] = OrderedDict()
+        self._turn_cache: OrderedDict[tuple[str, bool], list[int]] = OrderedDict()
 
     def _render(self, messages, add_generation_prompt) -> str:
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
@@ -95,10 +100,15 @@ class ChatTemplate:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def prompt_ids(self, messages: list[dict[str, Any]]) -> list[int]:
-        return self.encode(self._render(messages, add_generation_prompt=True))
+        return _cached(self._prompt_cache, json.dumps(messages),
+                       lambda: self.encode(self._render(messages, add_generation_prompt=True)))
 
     def user_turn_ids(self, content: str, reply_ended_turn: bool) -> list[int]:
         """Tokens that close the last reply (if the model did not) and open a new user turn."""
+        return _cached(self._turn_cache, (content, reply_ended_turn),
+                       lambda: self._user_turn_ids(content, reply_ended_turn))
+
+    def _user_turn_ids(self, content: str, reply_ended_turn: bool) -> list[int]:
         probe = [{"role": "user", "content": "PROBE_U"}, {"role": "assistant", "content": "PROBE_A"}]
         before = self._render(probe, add_generation_prompt=False)
         after = self._render(probe + [{"role": "user", "content": content}], add_generation_prompt=True)
@@ -109,6 +119,16 @@ class ChatTemplate:
             )
         close = self.turn_close[len(self.eos_text) :] if reply_ended_turn else self.turn_close
         return self.encode(close + after[len(before) :])
+
+
+def _cached(cache: OrderedDict, key, compute, size: int = 4096) -> list[int]:
+    if key in cache:
+        cache.move_to_end(key)
+    else:
+        cache[key] = compute()
+        if len(cache) > size:
+            cache.popitem(last=False)
+    return list(cache[key])
 
 
 class Agent:

@@ -92,6 +92,8 @@ class TransformersBackend:
         for i, p in enumerate(prompts):  # left padding: every row's next token lands in the last column
             input_ids[i, width - len(p) :] = torch.tensor(p)
             attention_mask[i, width - len(p) :] = 1
+        if params.max_new_tokens == 1:
+            return self._one_token(input_ids.to(device), attention_mask.to(device), params)
         greedy = params.temperature == 0
         kwargs = dict(
             do_sample=not greedy,
@@ -129,6 +131,39 @@ class TransformersBackend:
         logps = torch.log_softmax(logits / scale, dim=-1).gather(-1, new_tokens.to(logits.device).unsqueeze(-1))
         logps = logps.squeeze(-1).cpu()
         return [self._finish(new_tokens[i].tolist(), logps[i].tolist(), params) for i in range(len(prompts))]
+
+    def _one_token(self, input_ids, attention_mask, params: SamplingParams) -> list[Generation]:
+        """One-token replies (e.g. game moves) need no decode loop: one forward pass, sampled here.
+
+        Sampling uses transformers' own temperature/top-p warpers, so it matches ``generate``.
+        """
+        from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
+
+        model, was_training = self.model, self.model.training
+        model.eval()
+        try:
+            position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+            logits = model(
+                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=1
+            ).logits[:, -1].float()
+        finally:
+            model.train(was_training)
+        self.num_generate_calls += 1
+        self.num_requests += len(input_ids)
+        if params.temperature == 0:
+            tokens = logits.argmax(-1)
+            logps = torch.log_softmax(logits, -1)
+        else:
+            logps = torch.log_softmax(logits / params.temperature, -1)
+            warped = TemperatureLogitsWarper(params.temperature)(input_ids, logits)
+            if params.top_p < 1.0:
+                warped = TopPLogitsWarper(params.top_p)(input_ids, warped)
+            generator = None
+            if params.seed is not None:
+                generator = torch.Generator(device=logits.device).manual_seed(params.seed)
+            tokens = torch.multinomial(torch.softmax(warped, -1), 1, generator=generator).squeeze(-1)
+        chosen = logps.gather(-1, tokens[:, None]).squeeze(-1).cpu().tolist()
+        return [self._finish([t], [lp], params) for t, lp in zip(tokens.cpu().tolist(), chosen)]
 
     def _finish(self, ids: list[int], logps: list[float], params: SamplingParams) -> Generation:
         eos = next((i for i, t in enumerate(ids) if t in self.eos_token_ids), None)

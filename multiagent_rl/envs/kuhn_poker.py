@@ -152,6 +152,23 @@ def table_policy(table: dict[Any, dict[str, float]], seed: int | None = None):
     return act
 
 
+def random_mixed_policy(seed: int = 0, low: float = 0.1, high: float = 0.9):
+    """A random mixed strategy with its own P(bet or call) ~ U[low, high] at each information state.
+
+    No game knowledge: a warm-up teacher (via ``sft``) that fixes the reply format while leaving
+    the policy able to condition on its card, which a single uniform strategy would not.
+    """
+    from ..eval.kuhn import INFO_STATES
+
+    rng = random.Random(seed)
+    table = {}
+    for s in INFO_STATES:
+        aggressive = rng.uniform(low, high)
+        passive, bold = s.legal_actions  # (check, bet) or (fold, call)
+        table[s] = {passive: 1 - aggressive, bold: aggressive}
+    return table_policy(table, seed=rng.randrange(2**31))
+
+
 def nash_policy(alpha: float = 1 / 6, seed: int | None = None):
     """A Nash equilibrium policy of the one-parameter family, alpha in [0, 1/3]."""
     from ..eval.kuhn import nash_policy as nash_table

@@ -467,3 +467,82 @@ def plot_exploitability(points: Iterable[Mapping[str, Any]], path: str) -> None:
     ax.legend(loc="center right", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, format="png")
+
+
+# -- reading a language model's policy -------------------------------------------------------
+
+
+def info_state_context(template, info_state: InfoState) -> list[int]:
+    """The exact tokens a seat has seen when it reaches ``info_state`` on the clean path (no re-prompts).
+
+    ``template`` is a :class:`multiagent_rl.agent.ChatTemplate`; the context is built with the same
+    pieces the chat harness uses during play (prompt, own earlier action, observation).
+    """
+    from ..envs.kuhn_poker import decision_prompt
+
+    player, card, history = info_state
+    if player == 0 and history:  # player 0's second decision: after its own check and player 1's bet
+        first = template.prompt_ids([{"role": "user", "content": decision_prompt(0, card, ())}])
+        action = template.encode(history[0])
+        return first + action + template.user_turn_ids(decision_prompt(0, card, history), reply_ended_turn=False)
+    return template.prompt_ids([{"role": "user", "content": decision_prompt(player, card, history)}])
+
+
+def _single_token_actions(tokenizer, history: tuple[str, ...]) -> dict[int, str]:
+    """Every vocabulary token that, as a one-token reply, parses to a legal action."""
+    from ..envs.kuhn_poker import parse_action
+
+    out = {}
+    for token_id in range(len(tokenizer)):
+        action = parse_action(tokenizer.decode([token_id], skip_special_tokens=True), history)
+        if action is not None:
+            out[token_id] = action
+    return out
+
+
+def read_policy(model, tokenizer, reply_tokens: int = 1) -> PolicyTable:
+    """The model's action probabilities at all 12 information states, from one batched forward pass.
+
+    With one-token replies (the env's default) this is exact: the mass of every token that parses
+    to each legal action. With longer replies it is the probability of replying with exactly the
+    action word's tokens, a lower bound of the play-time probability. The mass not on legal
+    actions (``invalid_mass``) is what the model would spend on invalid replies.
+    """
+    import torch
+
+    from ..agent import ChatTemplate
+
+    template = ChatTemplate(tokenizer)
+    contexts = [info_state_context(template, s) for s in INFO_STATES]
+    device = next(model.parameters()).device
+    table: PolicyTable = {}
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            if reply_tokens == 1:
+                width = max(map(len, contexts))
+                ids = torch.full((len(contexts), width), tokenizer.pad_token_id, dtype=torch.long)
+                mask = torch.zeros_like(ids)
+                for i, c in enumerate(contexts):
+                    ids[i, width - len(c) :], mask[i, width - len(c) :] = torch.tensor(c), 1
+                logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits[:, -1].float()
+                probs = torch.softmax(logits, -1).cpu()
+                maps = {h: _single_token_actions(tokenizer, h) for h in {s.history for s in INFO_STATES}}
+                for i, s in enumerate(INFO_STATES):
+                    row = {a: 0.0 for a in s.legal_actions}
+                    for token_id, action in maps[s.history].items():
+                        row[action] += probs[i, token_id].item()
+                    table[s] = row
+            else:
+                for s, c in zip(INFO_STATES, contexts):
+                    row = {}
+                    for action in s.legal_actions:
+                        a = template.encode(action)
+                        seq = torch.tensor([c + a], device=device)
+                        logp = torch.log_softmax(model(input_ids=seq).logits[0, len(c) - 1 : -1].float(), -1)
+                        row[action] = logp.gather(-1, torch.tensor(a, device=device)[:, None]).sum().exp().item()
+                    table[s] = row
+    finally:
+        model.train(was_training)
+    return table

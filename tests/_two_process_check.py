@@ -1,0 +1,171 @@
+"""Helper of ``tests/test_trainer.py::test_two_processes_match_one_process`` (not a test module).
+
+Trains ``MixedAlgorithmTrainer`` for two steps on a fixed, hand-built rollout instead of played
+episodes, so one process and two processes see exactly the same data:
+
+    torchrun --nproc_per_node 2 tests/_two_process_check.py OUT_DIR    # rank r plays its share
+    python tests/_two_process_check.py OUT_DIR                          # one process plays all of it
+
+Each rank writes ``OUT_DIR/rank{r}.json``: the all-reduced per-stream token counts of every
+generation round, the algorithms' state (RAE baselines), the logged loss and grad norm, and the
+streams written on its own traces. The data mixes RAE, ECHO (rl + ce) and OPD (ref_kl) over two
+environments, and one GRPO/ECHO task group is split across the two ranks, so group credit has to
+see the other rank's episodes to come out right.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import tempfile
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+
+from multiagent_rl.env import SingleAgentEnv  # noqa: E402
+from multiagent_rl.episode import Episode  # noqa: E402
+from multiagent_rl.models import load_model_and_tokenizer, resolve_model  # noqa: E402
+from multiagent_rl.task import Task, TaskData  # noqa: E402
+from multiagent_rl.trace import Segment, Trace  # noqa: E402
+from multiagent_rl.trainer import MixedAlgorithmConfig, MixedAlgorithmTrainer  # noqa: E402
+
+VOCAB_LOW, VOCAB_HIGH = 3, 600  # ordinary tokens of the tiny tokenizer (0-2 are special, 643 in all)
+
+
+def make_trace(agent: str, segments, reward: float) -> Trace:
+    t = Trace(
+        agent=agent,
+        trainable=True,
+        model="policy",
+        segments=[Segment(k, list(ids), [-1.0] * len(ids) if k == "action" else None) for k, ids in segments],
+    )
+    t.add_reward("outcome", reward)
+    return t
+
+
+def make_episode(eid: str, group: str, env: str, env_index: int, traces) -> Episode:
+    return Episode(id=eid, task=Task(TaskData(prompt="p")), group=group, env=env, traces=traces,
+                   info={"env_index": env_index})
+
+
+class FixedRolloutTrainer(MixedAlgorithmTrainer):
+    """Plays no environment: each round is ``episodes_for(step)``, scored as the trainer scores played ones."""
+
+    def __init__(self, *args, episodes_for, **kwargs):
+        self.episodes_for = episodes_for
+        self.rounds: list[dict] = []
+        super().__init__(*args, **kwargs)
+
+    async def _rollout(self, step: int) -> list[Episode]:
+        episodes = self.episodes_for(step)
+        for ep in episodes:
+            for key, roles in self.assignments[ep.info["env_index"]].items():
+                await self.algorithms[key].score_episode(ep, roles)
+        return episodes
+
+    def _generate_and_score_completions(self, inputs):
+        batch = super()._generate_and_score_completions(inputs)
+        self.rounds.append({k: batch[k].item() for k in ("num_rl_tokens", "num_ce_tokens", "num_ref_kl_tokens")})
+        return batch
+
+
+def shares(step: int, world: int) -> list[list[Episode]]:
+    """The episodes of one round, split into ``world`` consecutive shares (their concatenation is the same for any world)."""
+    rng = random.Random(1000 + step)
+
+    def ids(n):
+        return [rng.randrange(VOCAB_LOW, VOCAB_HIGH) for _ in range(n)]
+
+    eps = []
+    # Kuhn-shaped group of 4: player_0 (RAE) one decision, player_1 (ECHO) decision, observation, decision.
+    for k in range(4):
+        p0 = make_trace("player_0", [("prompt", ids(5 + k)), ("action", ids(1 + k % 2))], float(k - 1 + step))
+        p1 = make_trace(
+            "player_1",
+            [("prompt", ids(4)), ("action", ids(2)), ("observation", ids(3 + k)), ("action", ids(1))],
+            float((3 * k) % 4 - step),
+        )
+        eps.append(make_episode(f"s{step}-kuhn-{k}", f"s{step}-kuhn", "kuhn_poker", 0, [p0, p1]))
+    # A second Kuhn group whose rewards tie for player_1: ECHO's rl is zero there, its ce is not.
+    for k in range(2):
+        p0 = make_trace("player_0", [("prompt", ids(6)), ("action", ids(2))], float(2 * k))
+        p1 = make_trace("player_1", [("prompt", ids(4)), ("action", ids(1)), ("observation", ids(2)), ("action", ids(2))], 1.0)
+        eps.append(make_episode(f"s{step}-kuhn2-{k}", f"s{step}-kuhn2", "kuhn_poker", 0, [p0, p1]))
+    # OPD group on the single-agent env.
+    for k in range(2):
+        t = make_trace("agent", [("prompt", ids(3 + k)), ("action", ids(3 + k))], 0.0)
+        eps.append(make_episode(f"s{step}-single-{k}", f"s{step}-single", "single", 1, [t]))
+    # 8 episodes in one fixed order; with 2 processes rank 0 gets kuhn episodes 0-1 and rank 1 gets 2-3
+    # (that group spans the ranks).
+    order = eps[:2] + eps[4:6] + eps[2:4] + eps[6:]
+    size = len(order) // world
+    return [order[r * size : (r + 1) * size] for r in range(world)]
+
+
+def build(output_dir: str, rank_share: bool = True) -> FixedRolloutTrainer:
+    model, tok = load_model_and_tokenizer("tiny", device="cpu")
+    experiment = {
+        "algo": {"type": "grpo"},
+        "env": [
+            {
+                "id": "kuhn_poker",
+                "roles": {"player_0": {"algo": {"type": "rae"}}, "player_1": {"algo": {"type": "echo", "alpha": 0.5}}},
+            },
+            {
+                "id": "single",
+                "instance": SingleAgentEnv([{"prompt": "hi"}], reward=lambda task, trace: 0.0),
+                "algo": {"type": "opd", "teacher": resolve_model("tiny")},
+            },
+        ],
+    }
+    args = MixedAlgorithmConfig(
+        output_dir=output_dir, report_to=[], save_strategy="no", save_episodes=False, max_steps=2,
+        learning_rate=1e-3, logging_steps=1, disable_tqdm=True, seed=0,
+    )
+    holder: dict = {}
+
+    def episodes_for(step):
+        trainer = holder["trainer"]
+        world, rank = trainer.accelerator.num_processes, trainer.accelerator.process_index
+        return shares(step, world)[rank]
+
+    trainer = FixedRolloutTrainer(experiment, args=args, model=model, processing_class=tok, episodes_for=episodes_for)
+    holder["trainer"] = trainer
+    return trainer
+
+
+def run(out_dir: str) -> dict:
+    os.makedirs(out_dir, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = build(tmp)
+        trainer.train()
+    rank = trainer.accelerator.process_index
+    streams = {}
+    for ep in trainer.last_episodes:
+        for i, t in enumerate(ep.traces):
+            if t.streams is not None:
+                streams[f"{ep.id}/{t.agent}/{i}"] = {
+                    name: sum(getattr(t.streams, name) or [])
+                    for name in ("rl", "ce", "ref_kl")
+                }
+    result = {
+        "world": trainer.accelerator.num_processes,
+        "rank": rank,
+        "rounds": trainer.rounds,
+        "state": trainer.algorithm_state(),
+        "logs": [{k: h[k] for k in ("loss", "grad_norm") if k in h} for h in trainer.state.log_history if "loss" in h],
+        "streams": streams,
+    }
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(result, f)
+    return result
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    run(sys.argv[1])

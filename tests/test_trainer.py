@@ -1,0 +1,625 @@
+"""MixedAlgorithmTrainer against oracles.
+
+- GRPO parity: with every sample tagged ``grpo`` the loss and gradients equal TRL's own
+  ``GRPOTrainer._compute_loss`` (DAPO, beta 0) on the same inputs, also under gradient accumulation.
+- Cross-entropy: an all-SFT batch's loss is the mean token cross-entropy computed directly.
+- ECHO: collated streams from played episodes; observation tokens never enter the rl normaliser.
+- OPD: a teacher equal to the student gives zero gradient; a different teacher is approached.
+- A three-algorithm, two-environment run; config errors; RAE state in checkpoints; two processes.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import random
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pydantic
+import pytest
+import torch
+from datasets import Dataset
+from trl import GRPOConfig as TRLGRPOConfig
+from trl import GRPOTrainer
+from trl.trainer.utils import split_tensor_dict
+
+from multiagent_rl.agent import Agent, AgentConfig
+from multiagent_rl.algorithms import build_algorithm
+from multiagent_rl.backends import SamplingParams
+from multiagent_rl.collate import collate, trainable_samples
+from multiagent_rl.config import ExperimentConfig
+from multiagent_rl.env import SingleAgentEnv, play_episodes, run_sync
+from multiagent_rl.envs.kuhn_poker import KuhnPokerEnv, random_policy
+from multiagent_rl.models import build_tiny_model, resolve_model
+from multiagent_rl.task import Task, TaskData
+from multiagent_rl.trainer import ALGORITHM_STATE_FILE, MixedAlgorithmConfig, MixedAlgorithmTrainer
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _two_process_check import FixedRolloutTrainer, make_episode, make_trace  # noqa: E402
+
+HERE = Path(__file__).parent
+VOCAB = 600  # random token ids stay below the tiny tokenizer's 643 and above its 3 special tokens
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+def ids(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(3, VOCAB) for _ in range(n)]
+
+
+def single_env(role: str = "agent", reward=None) -> SingleAgentEnv:
+    prompts = [f"What is {a} + {b}?" for a in range(4) for b in range(2)]
+    return SingleAgentEnv([{"prompt": p} for p in prompts], reward=reward or (lambda task, trace: 0.0), role=role)
+
+
+def mixed_args(tmp_path, **kw) -> MixedAlgorithmConfig:
+    base = dict(
+        output_dir=str(tmp_path / "run"), report_to=[], save_strategy="no", save_episodes=False,
+        logging_steps=1, disable_tqdm=True, seed=0, max_completion_length=8,
+    )
+    return MixedAlgorithmConfig(**{**base, **kw})
+
+
+def fixed_trainer(tmp_path, tiny, experiment, episodes, **kw) -> FixedRolloutTrainer:
+    """A trainer on a copy of the tiny model whose every rollout is (a fresh copy of) ``episodes``."""
+    model, tok = tiny
+    source = episodes if callable(episodes) else (lambda step: copy.deepcopy(episodes))
+    return FixedRolloutTrainer(
+        experiment, args=mixed_args(tmp_path, **kw), model=copy.deepcopy(model), processing_class=tok,
+        episodes_for=source,
+    )
+
+
+def loss_and_grads(trainer, inputs, accumulation: int = 1):
+    """``_compute_loss`` in train mode, then backward: (loss, {param name: grad})."""
+    trainer.current_gradient_accumulation_steps = accumulation  # set by the training loop otherwise
+    model = trainer.model
+    model.train()
+    model.zero_grad(set_to_none=True)
+    loss = trainer._compute_loss(model, inputs)
+    loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return loss.detach(), grads
+
+
+def max_grad_diff(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max((a[n] - b[n]).abs().max().item() for n in a)
+
+
+def max_grad(a: dict) -> float:
+    return max(g.abs().max().item() for g in a.values())
+
+
+@torch.no_grad()
+def token_logps(model, token_ids: list[int]) -> list[float | None]:
+    """log p(t_j | t_<j) for every position of one unpadded sequence (None at 0), plain forward pass."""
+    logits = model(torch.tensor([token_ids])).logits[0].float()
+    logp = torch.log_softmax(logits[:-1], dim=-1).gather(-1, torch.tensor(token_ids[1:]).unsqueeze(-1)).squeeze(-1)
+    return [None, *logp.tolist()]
+
+
+def trained_rows(episodes):
+    """(trace, env) per collated sample, in the collator's order."""
+    return [(s.trace, s.env) for s in trainable_samples(episodes)]
+
+
+# -- 1. GRPO parity with TRL --------------------------------------------------------------------
+
+
+def _grpo_episodes():
+    rng = random.Random(0)
+    rewards = [1.0, 0.0, 0.5, 2.0]  # mean 0.875: no sample has a zero advantage
+    return [
+        make_episode(f"e{k}", "g0", "single", 0,
+                     [make_trace("agent", [("prompt", ids(rng, 3 + 2 * k)), ("action", ids(rng, 6 - k))], r)])
+        for k, r in enumerate(rewards)
+    ]
+
+
+def _trl_trainer(tmp_path, tiny, accumulation: int) -> GRPOTrainer:
+    model, tok = tiny
+
+    def unused_reward(completions, **kwargs):
+        return [0.0] * len(completions)
+
+    args = TRLGRPOConfig(
+        output_dir=str(tmp_path / f"trl{accumulation}"), use_cpu=True, bf16=False, gradient_checkpointing=False,
+        beta=0.0, loss_type="dapo", scale_rewards="none", per_device_train_batch_size=2, num_generations=2,
+        gradient_accumulation_steps=accumulation, steps_per_generation=accumulation, max_completion_length=8,
+        report_to=[], save_strategy="no", logging_steps=1, disable_tqdm=True,
+    )
+    return GRPOTrainer(model=copy.deepcopy(model), reward_funcs=unused_reward, args=args,
+                       train_dataset=Dataset.from_dict({"prompt": ["x"] * 8}), processing_class=tok)
+
+
+def test_all_grpo_loss_and_gradients_equal_trl(tmp_path, tiny):
+    experiment = {"algo": {"type": "grpo"}, "env": [{"id": "single", "instance": single_env(), "group_size": 4}]}
+    episodes = _grpo_episodes()
+    rewards = torch.tensor([ep.traces[0].reward for ep in episodes])
+    expected_adv = rewards - rewards.mean()
+
+    full = {}
+    for accumulation in (1, 2):
+        mixed = fixed_trainer(tmp_path / f"m{accumulation}", tiny, experiment, episodes,
+                              gradient_accumulation_steps=accumulation, steps_per_generation=accumulation)
+        trl = _trl_trainer(tmp_path, tiny, accumulation)
+        batch = mixed._generate_and_score_completions(None)
+        assert batch["algorithm"] == ["grpo"] * 4
+        assert torch.equal(batch["rl_mask"], batch["completion_mask"].float())  # every completion token is an action
+        torch.testing.assert_close(batch["advantages"][:, 0], expected_adv)
+        torch.testing.assert_close(batch["advantages"], expected_adv[:, None] * batch["completion_mask"])
+        trl_batch = {k: batch[k] for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")}
+        trl_batch["advantages"] = expected_adv.clone()
+        trl_batch["num_items_in_batch"] = batch["completion_mask"].sum()
+        assert batch["num_rl_tokens"].item() == trl_batch["num_items_in_batch"].item()
+
+        losses, grads = [], []
+        for mixed_in, trl_in in zip(split_tensor_dict(batch, accumulation), split_tensor_dict(trl_batch, accumulation)):
+            m_loss, m_grads = loss_and_grads(mixed, mixed_in, accumulation)
+            t_loss, t_grads = loss_and_grads(trl, trl_in, accumulation)
+            assert abs(m_loss.item() - t_loss.item()) < 1e-6, (accumulation, m_loss, t_loss)
+            assert max_grad(t_grads) > 1e-3  # a real gradient, not two zeros
+            assert max_grad_diff(m_grads, t_grads) < 1e-6
+            losses.append(m_loss)
+            grads.append(m_grads)
+        full[accumulation] = (sum(losses), {n: sum(g[n] for g in grads) for n in grads[0]})
+
+    # Accumulating the two halves reproduces the one-shot loss and gradient of the whole batch.
+    assert abs(full[1][0].item() - full[2][0].item()) < 1e-6
+    assert max_grad_diff(full[1][1], full[2][1]) < 1e-6
+
+
+# -- 2. cross-entropy stream --------------------------------------------------------------------
+
+
+def test_all_sft_loss_is_mean_token_cross_entropy(tmp_path, tiny):
+    rng = random.Random(1)
+    scripted = {"model": "scripted", "policy": lambda turn: "yes", "trainable": True}
+    experiment = {"algo": {"type": "sft"},
+                  "env": [{"id": "single", "instance": single_env(), "roles": {"agent": scripted}}]}
+    episodes = [
+        make_episode(f"e{k}", f"g{k}", "single", 0, [make_trace(
+            "agent",
+            [("prompt", ids(rng, 4 + k)), ("action", ids(rng, 2 + k)), ("observation", ids(rng, 3)),
+             ("action", ids(rng, 1 + 2 * k))],
+            0.0,
+        )])
+        for k in range(3)
+    ]
+    trainer = fixed_trainer(tmp_path, tiny, experiment, episodes, per_device_train_batch_size=3, num_generations=3)
+    batch = trainer._generate_and_score_completions(None)
+    assert batch["algorithm"] == ["sft"] * 3
+    assert not batch["rl_mask"].any() and not batch["ref_kl_weights"].any()
+
+    model = tiny[0]
+    nll = []
+    for ep in episodes:
+        t = ep.traces[0]
+        logps = token_logps(model, t.token_ids)
+        nll += [-lp for lp, kind in zip(logps, t.token_kinds) if kind == "action"]
+    assert batch["num_ce_tokens"].item() == len(nll)
+
+    loss, grads = loss_and_grads(trainer, batch)
+    assert abs(loss.item() - sum(nll) / len(nll)) < 1e-6
+    assert max_grad(grads) > 1e-3
+    metrics = trainer._metrics["train"]
+    assert metrics["loss/ce/sft"][-1] == pytest.approx(sum(nll) / len(nll), abs=1e-6)
+    assert metrics["loss/rl"][-1] == 0 and metrics["loss/ref_kl"][-1] == 0
+
+
+# -- 3. ECHO --------------------------------------------------------------------------------------
+
+
+def test_echo_streams_from_played_kuhn_episodes(backend, tiny):
+    """Played multi-turn episodes, ECHO-scored, collated: α on observations after the first action, A on actions."""
+    _, tok = tiny
+    agent = Agent(AgentConfig(model="policy"), backend)
+    torch.manual_seed(0)
+    task = Task(TaskData(info={"cards": ["J", "K"]}))
+    episodes = run_sync(play_episodes(KuhnPokerEnv(), [task], {"player_0": agent, "player_1": agent}, group_size=4,
+                                      trainable={"player_0": True, "player_1": True}))
+    for k, ep in enumerate(episodes):
+        ep.env = "kuhn_poker"
+        for t in ep.traces:
+            t.add_reward("spread", float(k))  # distinct rewards in the group: nonzero advantages
+    alpha = {"player_0": 0.25, "player_1": 0.5}
+    build_algorithm({"type": "echo", "alpha": 0.25, "role_alpha": {"player_1": 0.5}}).score_group(episodes)
+    batch = collate(trainable_samples(episodes), tok.pad_token_id)
+
+    rewards = {role: [t.reward for ep in episodes for t in ep.traces if t.agent == role] for role in alpha}
+    rows = trained_rows(episodes)
+    assert len(rows) == batch["completion_ids"].shape[0] > 0
+    ce_tokens = 0
+    for i, (trace, _) in enumerate(rows):
+        p = trace.prompt_length
+        kinds = trace.token_kinds[p:]
+        c = len(kinds)
+        assert batch["completion_ids"][i, :c].tolist() == trace.token_ids[p:]
+        assert batch["completion_mask"][i].tolist() == [1] * c + [0] * (batch["completion_mask"].shape[1] - c)
+        advantage = trace.reward - sum(rewards[trace.agent]) / len(rewards[trace.agent])
+        acted = False
+        for j, kind in enumerate(kinds):
+            acted = acted or kind == "action"
+            assert batch["action_mask"][i, j].item() == float(kind == "action")
+            want_ce = alpha[trace.agent] if (acted and kind == "observation") else 0.0
+            assert batch["ce_weights"][i, j].item() == pytest.approx(want_ce)
+            want_rl = advantage if kind == "action" else 0.0
+            assert batch["advantages"][i, j].item() == pytest.approx(want_rl, abs=1e-6)
+            assert batch["rl_mask"][i, j].item() == float(kind == "action" and advantage != 0)
+            ce_tokens += want_ce != 0
+        sampled = [lp for lp, kind in zip(trace.sampling_logprobs[p:], kinds) if kind == "action"]
+        torch.testing.assert_close(batch["sampling_logps"][i][batch["action_mask"][i].bool()], torch.tensor(sampled))
+        assert batch["ref_kl_weights"][i].abs().sum() == 0
+    assert ce_tokens > 0 and batch["rl_mask"].sum() > 0  # the random model's invalid replies were re-prompted
+
+
+def _echo_episodes(extra_tail: int):
+    """ECHO traces ending in an observation after the last action; ``extra_tail`` lengthens only that tail."""
+    rng = random.Random(2)
+    episodes = []
+    for k, reward in enumerate([1.0, -1.0, 0.5]):
+        segments = [("prompt", ids(rng, 4 + k)), ("action", ids(rng, 2 + k)), ("observation", ids(rng, 3)),
+                    ("action", ids(rng, 2)), ("observation", ids(rng, 2 + k))]
+        tail = random.Random(100 + k)
+        segments[-1] = ("observation", segments[-1][1] + ids(tail, extra_tail))
+        episodes.append(make_episode(f"e{k}", "g0", "single", 0, [make_trace("agent", segments, reward)]))
+    return episodes
+
+
+def test_echo_observations_do_not_dilute_rl_gradient(tmp_path, tiny):
+    """Doubling the observation tokens leaves the rl loss and gradient unchanged (ce has its own normaliser)."""
+    experiment = {"algo": {"type": "echo", "alpha": 0.5},
+                  "env": [{"id": "single", "instance": single_env(), "group_size": 3}]}
+    current = {}
+    trainer = fixed_trainer(tmp_path, tiny, experiment, lambda step: copy.deepcopy(current["episodes"]),
+                            per_device_train_batch_size=3, num_generations=3)
+    model = tiny[0]
+    results = {}
+    for name, extra in (("base", 0), ("doubled", 8)):
+        current["episodes"] = _echo_episodes(extra)
+        batch = trainer._generate_and_score_completions(None)
+        n_obs = sum(kind == "observation" for ep in current["episodes"] for kind in ep.traces[0].token_kinds)
+        assert batch["num_ce_tokens"].item() == n_obs  # every observation comes after the first action
+        assert batch["num_rl_tokens"].item() == batch["action_mask"].sum().item()
+        full_loss, _ = loss_and_grads(trainer, batch)
+        rl_only = dict(batch, ce_weights=torch.zeros_like(batch["ce_weights"]))  # counts stay as collated
+        rl_loss, rl_grads = loss_and_grads(trainer, rl_only)
+        # The ce part is Σ α·(−log p) over observation tokens divided by their count.
+        ce = [0.5 * -lp for ep in current["episodes"] for lp, kind in
+              zip(token_logps(model, ep.traces[0].token_ids), ep.traces[0].token_kinds) if kind == "observation"]
+        assert abs((full_loss - rl_loss).item() - sum(ce) / len(ce)) < 1e-6
+        results[name] = (batch["num_ce_tokens"].item(), batch["num_rl_tokens"].item(), rl_loss, rl_grads)
+
+    (ce_a, rl_a, loss_a, grads_a), (ce_b, rl_b, loss_b, grads_b) = results["base"], results["doubled"]
+    assert ce_b >= 2 * ce_a and rl_a == rl_b
+    assert max_grad(grads_a) > 1e-3
+    assert abs(loss_a.item() - loss_b.item()) < 1e-6
+    assert max_grad_diff(grads_a, grads_b) < 1e-6
+
+
+# -- 4. OPD ---------------------------------------------------------------------------------------
+
+
+def _save(model, tok, path) -> str:
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+def _opd_trainer(tmp_path, tiny, teacher_path, **kw):
+    model, tok = tiny
+    experiment = {"algo": {"type": "opd", "teacher": teacher_path},
+                  "env": [{"id": "single", "instance": single_env(), "group_size": kw.pop("group_size", 4)}]}
+    return MixedAlgorithmTrainer(experiment, args=mixed_args(tmp_path, **kw), model=copy.deepcopy(model),
+                                 processing_class=tok)
+
+
+def test_opd_teacher_equal_to_student_gives_zero_gradient(tmp_path, tiny):
+    model, tok = tiny
+    same = _save(model, tok, tmp_path / "same")
+    other_model = build_tiny_model(len(tok), seed=1)
+    other = _save(other_model, tok, tmp_path / "other")
+    grads = {}
+    for name, path in (("same", same), ("other", other)):
+        trainer = _opd_trainer(tmp_path / name, tiny, path, groups_per_step=2, max_completion_length=4)
+        torch.manual_seed(0)
+        batch = trainer._generate_and_score_completions(None)  # played with the policy, scored by the teacher
+        assert set(batch["algorithm"]) == {"opd"}
+        assert batch["num_ref_kl_tokens"].item() == batch["action_mask"].sum().item() > 0
+        assert torch.equal(batch["ref_kl_weights"], batch["action_mask"])
+        assert batch["num_rl_tokens"].item() == 0 and batch["num_ce_tokens"].item() == 0
+        if name == "same":  # the teacher's logprobs are the policy's own
+            live = trainer._get_per_token_logps_and_entropies(
+                trainer.model, torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1),
+                torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1), batch["completion_ids"].size(1))[0]
+            w = batch["ref_kl_weights"].bool()
+            torch.testing.assert_close(batch["ref_logps"][w], live.detach()[w], atol=1e-5, rtol=0)
+        _, grads[name] = loss_and_grads(trainer, batch)
+    assert max_grad(grads["same"]) < 1e-5
+    assert max_grad(grads["other"]) > 1e-2
+
+
+@torch.no_grad()
+def _reverse_kl(policy, teacher, backend, prompts, seed):
+    """On fresh policy samples: (sampled-token estimate of E[log π − log π_T], exact per-position reverse KL).
+
+    One padded forward pass per model; positions are the sampled completion tokens.
+    """
+    gens = backend.generate_batch(prompts, SamplingParams(max_new_tokens=4, seed=seed))
+    seqs = [p + g.token_ids for p, g in zip(prompts, gens)]
+    width = max(map(len, seqs))
+    input_ids = torch.zeros((len(seqs), width), dtype=torch.long)
+    attention_mask = torch.zeros_like(input_ids)
+    scored = torch.zeros_like(input_ids, dtype=torch.bool)  # positions whose next token was sampled
+    for i, (p, s) in enumerate(zip(prompts, seqs)):
+        input_ids[i, : len(s)] = torch.tensor(s)
+        attention_mask[i, : len(s)] = 1
+        scored[i, len(p) - 1 : len(s) - 1] = True
+    lp = torch.log_softmax(policy(input_ids=input_ids, attention_mask=attention_mask).logits.float(), -1)[scored]
+    lt = torch.log_softmax(teacher(input_ids=input_ids, attention_mask=attention_mask).logits.float(), -1)[scored]
+    tokens = input_ids.roll(-1, dims=1)[scored]
+    sampled = (lp - lt).gather(-1, tokens[:, None]).squeeze(-1)
+    exact = (lp.exp() * (lp - lt)).sum(-1)
+    return sampled.mean().item(), exact.mean().item()
+
+
+def test_opd_training_lowers_reverse_kl_to_a_different_teacher(tmp_path, tiny):
+    _, tok = tiny
+    teacher = build_tiny_model(len(tok), seed=1)
+    with torch.no_grad():  # a sharper teacher than the near-uniform random student, so there is a gap to close
+        teacher.model.norm.weight.mul_(3.0)
+    path = _save(teacher, tok, tmp_path / "teacher")
+    trainer = _opd_trainer(tmp_path, tiny, path, group_size=8, groups_per_step=8, max_steps=10, learning_rate=2e-3,
+                           lr_scheduler_type="constant", max_completion_length=4)
+    teacher = trainer._teachers[path]
+    policy = trainer.model
+    held_out = [tok.apply_chat_template([{"role": "user", "content": f"Say {w}."}], tokenize=True,
+                                        add_generation_prompt=True) for w in ("yes", "no", "hello", "goodbye")]
+    held_out = [list(h["input_ids"] if isinstance(h, dict) or hasattr(h, "keys") else h) for h in held_out] * 128
+
+    def measure():
+        policy.eval()
+        runs = [_reverse_kl(policy, teacher, trainer.policy_backend, held_out, seed) for seed in (11, 12)]
+        return sum(r[0] for r in runs) / 2, sum(r[1] for r in runs) / 2
+
+    torch.manual_seed(0)
+    sampled_before, exact_before = measure()
+    trainer.train()
+    sampled_after, exact_after = measure()
+    logged = [h["ref_kl/sampled_reverse_kl"] for h in trainer.state.log_history if "ref_kl/sampled_reverse_kl" in h]
+    assert len(logged) == 10
+    assert sampled_after < sampled_before, (sampled_before, sampled_after)
+    assert exact_after < 0.95 * exact_before, (exact_before, exact_after)
+
+
+# -- 5. three algorithms, two environments ---------------------------------------------------------
+
+
+def test_three_algorithms_two_environments_train(tmp_path, tiny):
+    def varied(task, trace):
+        return float(sum(t for s in trace.segments if s.kind == "action" for t in s.token_ids) % 5)
+
+    experiment = {
+        "algo": {"type": "grpo"},
+        "env": [
+            {"id": "kuhn_poker", "group_size": 2, "roles": {
+                # a scripted dealer-side player the policy imitates, and the policy's seat under RAE
+                "player_0": {"model": "scripted", "policy": random_policy(0), "trainable": True, "algo": {"type": "sft"}},
+                "player_1": {"algo": {"type": "rae"}},
+            }},
+            {"id": "single", "instance": single_env(reward=varied), "group_size": 4},
+        ],
+    }
+    model, tok = tiny
+    policy = copy.deepcopy(model)
+    before = {n: p.detach().clone() for n, p in policy.named_parameters()}
+    trainer = MixedAlgorithmTrainer(experiment, args=mixed_args(tmp_path, max_steps=3, groups_per_step=3,
+                                                                learning_rate=1e-3, max_completion_length=4),
+                                    model=policy, processing_class=tok)
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    assert len(logs) == 3
+    keys = {k for h in logs for k in h}
+    for key in ("loss/rl/rae", "loss/rl/grpo", "loss/ce/sft"):
+        assert key in keys, sorted(keys)
+    assert any(h.get("loss/ce/sft", 0) > 0 for h in logs)
+    assert any(h.get("loss/rl/rae", 0) != 0 for h in logs)
+    assert any(h.get("single/agent/grpo/tokens_rl", 0) > 0 for h in logs)
+    assert any(h.get("kuhn_poker/player_0/sft/tokens_ce", 0) > 0 for h in logs)
+    assert all(math.isfinite(h["loss"]) for h in logs)
+    changed = [n for n, p in policy.named_parameters() if not torch.equal(p.detach(), before[n])]
+    assert len(changed) == len(before)
+
+
+# -- 6. configuration errors -----------------------------------------------------------------------
+
+
+def _error(exc_info) -> str:
+    return str(exc_info.value)
+
+
+@pytest.mark.parametrize(
+    "config, words",
+    [
+        ({"env": [{"id": "kuhn_poker"}], "algorithm": {"type": "grpo"}}, ["algorithm", "Extra inputs"]),
+        ({"env": [{"id": "kuhn_poker", "group": 4}]}, ["group", "Extra inputs"]),
+        ({"env": [{"id": "kuhn_poker"}], "algo": {"type": "grpo", "scale_reward": True}}, ["scale_reward"]),
+        ({"env": [{"id": "kuhn_poker", "roles": {"player_0": {"trainble": False}}}]}, ["trainble"]),
+        ({"env": [{"id": "kuhn_poker"}], "model": {"nme": "tiny"}}, ["nme"]),
+        ({"env": [{"id": "kuhn_poker"}], "algo": {"type": "ppo"}}, ["ppo", "known types", "grpo"]),
+        ({"env": [{"id": "kuhn_poker"}], "algo": {"type": "opd"}}, ["teacher", "Field required"]),
+        ({"env": [{"id": "kuhn"}]}, ["unknown env id 'kuhn'", "kuhn_poker"]),
+        ({"env": []}, ["at least one [[env]]"]),
+        ({"env": [{"id": "kuhn_poker", "roles": {"player_0": {"algo": {"type": "sft"}}}}]},
+         ["player_0", "'sft'", "frozen model or scripted policy"]),
+        ({"env": [{"id": "kuhn_poker"}], "algo": {"type": "sft"}}, ["'sft'", "[env.roles.NAME]"]),
+        ({"env": [{"id": "kuhn_poker", "roles": {"player_0": {
+            "model": "scripted", "policy": "multiagent_rl.envs.kuhn_poker:random_policy", "trainable": True}}}]},
+         ["player_0", "'grpo'", "scripted", "trainable = false", "'sft'"]),
+        ({"env": [{"id": "kuhn_poker", "roles": {"player_0": {"model": "scripted"}}}]}, ["needs `policy`"]),
+        ({"env": [{"id": "kuhn_poker", "stop_step": 0}]}, ["stop_step"]),
+    ],
+)
+def test_config_errors_name_the_key_and_the_fix(config, words):
+    with pytest.raises((ValueError, pydantic.ValidationError)) as exc_info:
+        ExperimentConfig.model_validate(config)
+    for word in words:
+        assert word in _error(exc_info), (word, _error(exc_info))
+
+
+def test_trainer_build_errors(tmp_path, tiny):
+    model, tok = tiny
+    scripted = {"model": "scripted", "policy": random_policy(0), "trainable": True}
+    cases = [
+        # a seat the env does not have
+        ({"env": [{"id": "kuhn_poker", "roles": {"player_2": {"trainable": False}}}]},
+         ["player_2", "player_0", "player_1"]),
+        # sft as the default while the other seat (unlisted) plays the policy
+        ({"algo": {"type": "sft"}, "env": [{"id": "kuhn_poker", "roles": {"player_0": scripted}}]},
+         ["player_1", "'sft'", "[env.roles.player_1]"]),
+    ]
+    for config, words in cases:
+        with pytest.raises(ValueError) as exc_info:
+            MixedAlgorithmTrainer(config, args=mixed_args(tmp_path), model=copy.deepcopy(model), processing_class=tok)
+        for word in words:
+            assert word in _error(exc_info), (word, _error(exc_info))
+    with pytest.raises(ValueError, match="opd"):
+        mixed_args(tmp_path, beta=0.1)
+    with pytest.raises(ValueError, match="processing_class"):
+        MixedAlgorithmTrainer({"env": [{"id": "kuhn_poker"}]}, args=mixed_args(tmp_path), model=copy.deepcopy(model))
+
+
+def test_toml_config_builds_a_trainer(tmp_path):
+    out = tmp_path / "out"
+    path = tmp_path / "exp.toml"
+    path.write_text(f"""
+[algo]
+type = "rae"
+decay = 0.9
+
+[model]
+name = "tiny"
+
+[[env]]
+id = "kuhn_poker"
+group_size = 2
+weight = 2.0
+
+[env.roles.player_1]
+model = "scripted"
+policy = "multiagent_rl.envs.kuhn_poker:random_policy"
+policy_args = {{ seed = 3 }}
+trainable = false
+
+[[env]]
+id = "kuhn_poker"
+name = "kuhn_echo"
+algo = {{ type = "echo", alpha = 0.2 }}
+
+[trainer]
+output_dir = "{out}"
+max_steps = 1
+report_to = []
+save_strategy = "no"
+learning_rate = 1e-3
+""")
+    exp = ExperimentConfig.from_toml(path)
+    assert exp.algo.type == "rae" and exp.algo.decay == 0.9
+    assert exp.env[0].group_size == 2 and exp.env[0].weight == 2.0
+    assert exp.env[0].roles["player_1"].is_trainable is False
+    assert exp.algorithm_for(exp.env[1], "player_0").alpha == 0.2
+    trainer = MixedAlgorithmTrainer(exp)
+    assert trainer.args.max_steps == 1 and trainer.args.learning_rate == 1e-3 and trainer.args.output_dir == str(out)
+    assert trainer.env_labels == ["kuhn_poker", "kuhn_echo"]
+    assert sorted(a.name for a in trainer.algorithms.values()) == ["echo", "rae"]
+    assert trainer.trainable[0] == {"player_0": True, "player_1": False}
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[env]]\nid = "kuhn_poker"\ngroup_sise = 4\n')
+    with pytest.raises(pydantic.ValidationError, match="group_sise"):
+        ExperimentConfig.from_toml(bad)
+
+
+# -- 7. RAE state in checkpoints ---------------------------------------------------------------------
+
+
+def test_rae_baselines_are_saved_and_restored(tmp_path, tiny):
+    model, tok = tiny
+    experiment = {"algo": {"type": "rae"}, "env": [{"id": "kuhn_poker", "group_size": 2, "roles": {
+        "player_1": {"model": "scripted", "policy": random_policy(0), "trainable": False}}}]}
+    out = tmp_path / "ckpt"
+
+    def make(max_steps):
+        args = mixed_args(tmp_path, output_dir=str(out), max_steps=max_steps, save_strategy="steps", save_steps=2,
+                          groups_per_step=2, max_completion_length=4)
+        return MixedAlgorithmTrainer(experiment, args=args, model=copy.deepcopy(model), processing_class=tok)
+
+    first = make(2)
+    first.train()
+    saved = first.algorithm_state()
+    key = '{"type":"rae","decay":0.95}'
+    baselines = saved[key]["baselines"]
+    assert set(baselines) == {"kuhn_poker/player_0"} and baselines["kuhn_poker/player_0"] != 0
+    checkpoint = out / "checkpoint-2"
+    assert json.loads((checkpoint / ALGORITHM_STATE_FILE).read_text()) == saved
+
+    # Resuming restores the baseline and trains on from it (a fresh one would start at 0).
+    more = make(3)
+    assert more.algorithm_state()[key] == {"baselines": {}}
+    more.train(resume_from_checkpoint=str(checkpoint))
+    assert more.state.global_step == 3 and more.episodes_played == 4  # one more round of 2 groups x 2
+    b = baselines["kuhn_poker/player_0"]
+    for ep in more.last_episodes:
+        for t in ep.traces:
+            if t.agent == "player_0" and ep.ok:
+                b = 0.95 * b + 0.05 * t.reward
+    assert more.algorithm_state()[key]["baselines"]["kuhn_poker/player_0"] == pytest.approx(b)
+
+
+# -- 8. two processes ------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_processes_match_one_process(tmp_path):
+    """torchrun (gloo, 2 CPU processes) vs 1 process on the same fixed rollout: token counts, RAE, loss, streams."""
+    import _two_process_check
+
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(_free_port()), str(HERE / "_two_process_check.py"), str(tmp_path / "two")]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    one = _two_process_check.run(str(tmp_path / "one"))  # meanwhile, in this process
+    output, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 0, output[-4000:]
+    two = [json.loads((tmp_path / "two" / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+    assert one["world"] == 1 and [t["world"] for t in two] == [2, 2]
+    assert len(one["rounds"]) == 2
+    assert one["rounds"][0]["num_ref_kl_tokens"] > 0 and one["rounds"][0]["num_ce_tokens"] > 0
+    for t in two:
+        assert t["rounds"] == one["rounds"]  # all-reduced counts: same on every rank and as one process
+        assert t["state"] == one["state"]  # RAE baselines identical on every rank and as one process
+    rae = next(v for k, v in one["state"].items() if '"rae"' in k)
+    assert rae["baselines"]["kuhn_poker/player_0"] != 0
+    # each rank trained its own share; together they carry the one-process streams (group credit across ranks)
+    assert two[0]["streams"].keys().isdisjoint(two[1]["streams"])
+    merged = {**two[0]["streams"], **two[1]["streams"]}
+    assert merged.keys() == one["streams"].keys()
+    for k, v in one["streams"].items():
+        assert merged[k] == pytest.approx(v, abs=1e-9), k
+    # loss normalisation across ranks: the first step's loss and gradient norm equal one process's
+    assert two[0]["logs"][0]["loss"] == pytest.approx(one["logs"][0]["loss"], rel=1e-5)
+    assert two[0]["logs"][0]["grad_norm"] == pytest.approx(one["logs"][0]["grad_norm"], rel=1e-5)
