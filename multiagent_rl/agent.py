@@ -225,10 +225,12 @@ class Interaction:
             reply = await out if inspect.isawaitable(out) else out
             if not isinstance(reply, str):
                 raise TypeError(f"scripted policy must return str, got {type(reply).__name__}")
-            ids = agent.template.encode(reply + agent.template.eos_text)
+            # A scripted reply obeys the same length limit as a sampled one, so imitating it (sft)
+            # teaches exactly what the policy can emit; the end-of-turn token is kept when it fits.
+            ids = agent.template.encode(reply + agent.template.eos_text)[: params.max_new_tokens]
             trace.append("action", ids)
-            self._reply_ended_turn = bool(agent.template.eos_text)
-            return reply
+            self._reply_ended_turn = bool(agent.template.eos_text) and ids[-1:] == [tok.eos_token_id]
+            return tok.decode(ids, skip_special_tokens=True)
         gen = await agent.backend.generate(trace.token_ids, params)
         trace.append("action", gen.token_ids, gen.logprobs)
         self._reply_ended_turn = gen.finish_reason == "stop"

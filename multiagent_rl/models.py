@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 TINY = "tiny"
-TINY_VERSION = "v1"
+TINY_VERSION = "v2"  # bump when the corpus or the architecture changes
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}"

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 from accelerate.utils import gather_object
 from datasets import Dataset
+from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from .agent import AgentConfig, make_agent
@@ -73,8 +74,35 @@ class MixedAlgorithmConfig(GRPOConfig):
                 "MixedAlgorithmConfig.beta must be 0: for a KL anchor to a reference model use the `opd` algorithm "
                 "with that model as teacher (the ref_kl stream)"
             )
+        unsupported = {
+            "loss_type": (self.loss_type, "dapo"),
+            "importance_sampling_level": (self.importance_sampling_level, "token"),
+            "top_entropy_quantile": (self.top_entropy_quantile, 1.0),
+            "off_policy_mask_threshold": (self.off_policy_mask_threshold, None),
+            "delta": (self.delta, None),
+        }
+        for name, (value, default) in unsupported.items():
+            if value != default:
+                raise ValueError(
+                    f"MixedAlgorithmConfig.{name}={value!r} is not supported: the rl stream is TRL's clipped policy "
+                    f"gradient with DAPO normalisation per stream; leave {name} at {default!r}"
+                )
         if self.groups_per_step < 1:
             raise ValueError(f"groups_per_step={self.groups_per_step} must be at least 1")
+
+
+class WarmupLearningRate(TrainerCallback):
+    """A higher learning rate during the sft warm-up: imitation from a random init needs it, self-play RL at
+    that rate collapses to always bet/call. Set on the optimizer before each step; the scheduler's base
+    rate takes over again afterwards."""
+
+    def __init__(self, warmup_steps: int, lr: float):
+        self.warmup_steps, self.lr = warmup_steps, lr
+
+    def on_step_begin(self, args, state, control, optimizer=None, **kwargs):
+        if state.global_step < self.warmup_steps and optimizer is not None:
+            for group in optimizer.param_groups:
+                group["lr"] = self.lr
 
 
 def _rewards_come_from_environments(*args, **kwargs):
@@ -292,19 +320,38 @@ class MixedAlgorithmTrainer(GRPOTrainer):
         }
         loss = sum(tokens.sum() / norm for tokens, norm in streams.values())
 
-        metrics = self._metrics[mode]
-        for name, (tokens, norm) in streams.items():
-            metrics[f"loss/{name}"].append(self.accelerator.reduce(tokens.sum().detach() / norm, "sum").item() / world)
-            for tag in sorted(set(inputs["algorithm"]) - {"padding"}):
-                rows = torch.tensor([a == tag for a in inputs["algorithm"]], device=tokens.device)
-                if name == "rl" or tokens[rows].abs().sum() > 0:
-                    metrics[f"loss/{name}/{tag}"].append((tokens[rows].sum().detach() / norm).item())
+        # Metrics, summed over all ranks in one all-reduce. The tags come from the config (the same list on
+        # every rank), so per-algorithm losses are global numbers like loss/{stream}, not one rank's share.
+        tags = sorted({algo.name for algo in self.algorithms.values()})
+        rows = torch.tensor(
+            [[a == tag for a in inputs["algorithm"]] for tag in tags], dtype=torch.float32, device=logps.device
+        ).reshape(len(tags), len(inputs["algorithm"]))
         mask = inputs["completion_mask"] * inputs["action_mask"]
-        totals = self.accelerator.reduce(torch.stack([(entropies * mask).sum(), mask.sum()]).detach(), "sum")
-        metrics["entropy"].append((totals[0] / totals[1].clamp(min=1)).item())
         ref_w = inputs["ref_kl_weights"]
-        if ref_w.any():
-            metrics["ref_kl/sampled_reverse_kl"].append(((-ref_advantage * ref_w).sum() / ref_w.sum()).item())
+        local = [rows.sum(1)]
+        for tokens, _ in streams.values():
+            per_row = tokens.detach().float().sum(1)
+            local += [per_row.sum().reshape(1), rows @ per_row, rows @ tokens.detach().float().abs().sum(1)]
+        extras = [(entropies * mask).sum(), mask.sum(), (-ref_advantage * ref_w).sum(), ref_w.sum()]
+        local.append(torch.stack(extras).detach().float())
+        totals = self.accelerator.reduce(torch.cat(local), reduction="sum")
+        norms = torch.stack([norm for _, norm in streams.values()]).float().reshape(-1)
+        values = torch.cat([totals, norms]).tolist()
+        n = len(tags)
+        present, i = values[:n], n
+        metrics = self._metrics[mode]
+        for s, name in enumerate(streams):
+            denominator = values[-len(streams) + s] * world
+            total, sums, abs_sums = values[i], values[i + 1 : i + 1 + n], values[i + 1 + n : i + 1 + 2 * n]
+            i += 1 + 2 * n
+            metrics[f"loss/{name}"].append(total / denominator)
+            for t, tag in enumerate(tags):
+                if present[t] and (name == "rl" or abs_sums[t] > 0):
+                    metrics[f"loss/{name}/{tag}"].append(sums[t] / denominator)
+        entropy_sum, mask_sum, ref_sum, ref_w_sum = values[i : i + 4]
+        metrics["entropy"].append(entropy_sum / max(mask_sum, 1.0))
+        if ref_w_sum > 0:
+            metrics["ref_kl/sampled_reverse_kl"].append(ref_sum / ref_w_sum)
         return loss
 
     # -- metrics, traces, checkpoints --------------------------------------------------------

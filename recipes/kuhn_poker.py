@@ -18,23 +18,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
-from transformers import TrainerCallback  # noqa: E402
-
 from multiagent_rl.config import ExperimentConfig  # noqa: E402
 from multiagent_rl.eval import kuhn  # noqa: E402
-from multiagent_rl.trainer import MixedAlgorithmTrainer  # noqa: E402
+from multiagent_rl.eval.kuhn import KuhnEvaluation  # noqa: E402
+from multiagent_rl.trainer import MixedAlgorithmTrainer, WarmupLearningRate  # noqa: E402
 
 WARMUP_POLICY = "multiagent_rl.envs.kuhn_poker:random_mixed_policy"
 
 
 def experiment(args) -> ExperimentConfig:
     """The run as one config object (the same schema as ``--config file.toml``)."""
-    warmup_seat = {"model": "scripted", "policy": WARMUP_POLICY, "policy_args": {"seed": args.seed},
+    warmup_seat = {"model": "scripted", "policy": WARMUP_POLICY, "policy_args": {"seed": args.seed, "low": 0.1, "high": 0.9, "two_point": True},
                    "trainable": True, "algo": {"type": "sft"}}
     envs = [{"id": "kuhn_poker", "name": "kuhn_selfplay", "group_size": args.group_size,
              "start_step": args.warmup_steps}]
@@ -67,72 +65,16 @@ def _algo(name: str) -> dict:
     return {"type": name}
 
 
-class WarmupLearningRate(TrainerCallback):
-    """A higher learning rate during the sft warm-up: imitation from a random init needs it, self-play RL at
-    that rate collapses to always bet/call. Set on the optimizer before each step; the scheduler's base
-    rate takes over again afterwards."""
-
-    def __init__(self, warmup_steps: int, lr: float):
-        self.warmup_steps, self.lr = warmup_steps, lr
-
-    def on_step_begin(self, args, state, control, optimizer=None, **kwargs):
-        if state.global_step < self.warmup_steps and optimizer is not None:
-            for group in optimizer.param_groups:
-                group["lr"] = self.lr
-
-
-class KuhnEvaluation(TrainerCallback):
-    """Exact evaluation at fixed steps: current and average policy exploitability, invalid replies."""
-
-    def __init__(self, every: int, start_step: int, reply_tokens: int = 1):
-        self.every, self.start_step, self.reply_tokens = every, start_step, reply_tokens
-        self.average = kuhn.AveragePolicy()
-        self.points: list[dict] = []
-        self.trainer: MixedAlgorithmTrainer | None = None
-        self.started = time.time()
-
-    def on_step_end(self, args, state, control, **kwargs):
-        step = state.global_step
-        if step % self.every and step != state.max_steps:
-            return
-        trainer = self.trainer
-        table = kuhn.read_policy(trainer.accelerator.unwrap_model(trainer.model), trainer.tokenizer, self.reply_tokens)
-        if step >= self.start_step:
-            # Linear averaging (as in CFR+): later, better policies weigh more than early ones.
-            self.average.add(table, weight=len(self.average) + 1)
-        rollouts = [t for ep in trainer.last_episodes if ep.env == "kuhn_selfplay" for t in ep.traces]
-        point = {
-            "step": step,
-            "episodes": trainer.episodes_played,
-            "seconds": round(time.time() - self.started, 1),
-            "exploitability": kuhn.exploitability_of(table),
-            "avg_exploitability": kuhn.exploitability_of(self.average.table()) if len(self.average) else None,
-            "invalid_mass": kuhn.invalid_mass(table),
-            "invalid_reply_rate": (
-                sum(t.metrics.get("invalid_replies", 0) for t in rollouts) / max(1, sum(len(t.messages) // 2 for t in rollouts))
-            ),
-        }
-        self.points.append(point)
-        if trainer.accelerator.is_main_process:
-            avg = point["avg_exploitability"]
-            print(
-                f"step {step:5d}  episodes {point['episodes']:7d}  exploitability {point['exploitability']:.3f}  "
-                f"average {'  -  ' if avg is None else f'{avg:.3f}'}  invalid {point['invalid_reply_rate']:.3%}",
-                flush=True,
-            )
-        trainer.log({f"kuhn/{k}": v for k, v in point.items() if v is not None and k != "step"})
-
-
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="tiny", help="'tiny' (embedded, CPU), a hub id or a local path")
     p.add_argument("--algo", default="rae", help="rae | grpo | grpo_std (grpo with std scaling) | max_rl | ...")
     p.add_argument("--steps", type=int, default=300, help="training steps, warm-up included")
-    p.add_argument("--warmup-steps", type=int, default=40, help="sft steps imitating a random mixed strategy")
+    p.add_argument("--warmup-steps", type=int, default=100, help="sft steps imitating a random mixed strategy")
     p.add_argument("--group-size", type=int, default=8, help="episodes per deal")
-    p.add_argument("--groups-per-step", type=int, default=32, help="deals per step per process")
+    p.add_argument("--groups-per-step", type=int, default=16, help="deals per step per process")
     p.add_argument("--lr", type=float, default=1e-4, help="Adam learning rate of the RL phase")
-    p.add_argument("--warmup-lr", type=float, default=2e-3, help="learning rate of the sft warm-up")
+    p.add_argument("--warmup-lr", type=float, default=3e-3, help="learning rate of the sft warm-up")
     p.add_argument("--eval-every", type=int, default=10)
     p.add_argument("--output-dir", default="outputs/kuhn_poker")
     p.add_argument("--config", help="a TOML experiment config; replaces the flags above except --output-dir")

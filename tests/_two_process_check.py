@@ -7,8 +7,8 @@ episodes, so one process and two processes see exactly the same data:
     python tests/_two_process_check.py OUT_DIR                          # one process plays all of it
 
 Each rank writes ``OUT_DIR/rank{r}.json``: the all-reduced per-stream token counts of every
-generation round, the algorithms' state (RAE baselines), the logged loss and grad norm, and the
-streams written on its own traces. The data mixes RAE, ECHO (rl + ce) and OPD (ref_kl) over two
+generation round, the algorithms' state (RAE baselines), the logged loss, grad norm and per-algorithm
+metrics, and the streams written on its own traces. The data mixes RAE, ECHO (rl + ce) and OPD (ref_kl) over two
 environments, and one GRPO/ECHO task group is split across the two ranks, so group credit has to
 see the other rank's episodes to come out right.
 """
@@ -34,7 +34,7 @@ from multiagent_rl.task import Task, TaskData  # noqa: E402
 from multiagent_rl.trace import Segment, Trace  # noqa: E402
 from multiagent_rl.trainer import MixedAlgorithmConfig, MixedAlgorithmTrainer  # noqa: E402
 
-VOCAB_LOW, VOCAB_HIGH = 3, 600  # ordinary tokens of the tiny tokenizer (0-2 are special, 643 in all)
+VOCAB_LOW, VOCAB_HIGH = 3, 500  # ordinary tokens of the tiny tokenizer (0-2 are special; 622 in all in v2)
 
 
 def make_trace(agent: str, segments, reward: float) -> Trace:
@@ -75,7 +75,7 @@ class FixedRolloutTrainer(MixedAlgorithmTrainer):
 
 
 def shares(step: int, world: int) -> list[list[Episode]]:
-    """The episodes of one round, split into ``world`` consecutive shares (their concatenation is the same for any world)."""
+    """One round's episodes in ``world`` consecutive shares (their concatenation is the same for any world)."""
     rng = random.Random(1000 + step)
 
     def ids(n):
@@ -94,7 +94,9 @@ def shares(step: int, world: int) -> list[list[Episode]]:
     # A second Kuhn group whose rewards tie for player_1: ECHO's rl is zero there, its ce is not.
     for k in range(2):
         p0 = make_trace("player_0", [("prompt", ids(6)), ("action", ids(2))], float(2 * k))
-        p1 = make_trace("player_1", [("prompt", ids(4)), ("action", ids(1)), ("observation", ids(2)), ("action", ids(2))], 1.0)
+        p1 = make_trace(
+            "player_1", [("prompt", ids(4)), ("action", ids(1)), ("observation", ids(2)), ("action", ids(2))], 1.0
+        )
         eps.append(make_episode(f"s{step}-kuhn2-{k}", f"s{step}-kuhn2", "kuhn_poker", 0, [p0, p1]))
     # OPD group on the single-agent env.
     for k in range(2):
@@ -109,6 +111,7 @@ def shares(step: int, world: int) -> list[list[Episode]]:
 
 def build(output_dir: str, rank_share: bool = True) -> FixedRolloutTrainer:
     model, tok = load_model_and_tokenizer("tiny", device="cpu")
+    assert len(tok) > VOCAB_HIGH, f"the tiny tokenizer shrank to {len(tok)} tokens: lower VOCAB_HIGH"
     experiment = {
         "algo": {"type": "grpo"},
         "env": [
@@ -158,7 +161,11 @@ def run(out_dir: str) -> dict:
         "rank": rank,
         "rounds": trainer.rounds,
         "state": trainer.algorithm_state(),
-        "logs": [{k: h[k] for k in ("loss", "grad_norm") if k in h} for h in trainer.state.log_history if "loss" in h],
+        "logs": [
+            {k: v for k, v in h.items() if k in ("loss", "grad_norm", "entropy") or k.startswith(("loss/", "ref_kl/"))}
+            for h in trainer.state.log_history
+            if "loss" in h
+        ],
         "streams": streams,
     }
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:

@@ -59,18 +59,18 @@ def test_every_deal_and_sequence_pays_what_openspiel_pays(cards, sequence):
 def test_prompts_state_card_history_and_legal_actions():
     _, seen = play(("K", "J"), ["check", "call"], ["bet"])
     assert seen[0] == kp.decision_prompt(0, "K", ())
-    assert "Your card is K" in seen[0] and "Legal actions: check, bet" in seen[0]
+    assert "Your card: K" in seen[0] and "Reply check or bet" in seen[0]
     assert seen[1] == kp.decision_prompt(1, "J", ("check",))
-    assert "Betting so far: check, bet. Legal actions: fold, call" in seen[2]
+    assert "Bets so far: check, bet. Reply fold or call" in seen[2]
 
 
 def test_invalid_reply_gets_one_reprompt_then_forfeits():
-    ep, seen = play(("Q", "K"), ["raise", "Bet."], ["call"])  # re-prompted, then a valid (normalised) bet
+    ep, seen = play(("Q", "K"), ["raise", "Bet."], ["call"], reply_tokens=4)  # re-prompted, then a valid bet
     assert ep.by_agent("player_0")[0].metrics["invalid_replies"] == 1
     assert seen[1] == kp.invalid_prompt(())
     assert ep.by_agent("player_0")[0].reward == -2  # lost the showdown for 2 chips
 
-    ep, _ = play(("K", "J"), ["raise", "all in"], [])
+    ep, _ = play(("K", "J"), ["raise", "all in"], [], reply_tokens=4)
     t0, t1 = ep.by_agent("player_0")[0], ep.by_agent("player_1")[0]
     assert (t0.reward, t1.reward) == (-2.0, 1.0)  # forfeit costs more than any fold
     assert t0.metrics["forfeit"] == 1.0 and t0.metrics["invalid_replies"] == 2

@@ -21,6 +21,7 @@ NOTEBOOKS: dict[str, tuple[str, ...]] = {
     "notebooks/mixed_algorithms_quickstart.ipynb": (
         "loss/rl", "loss/rl/rae", "kuhn_poker/player_0/rae/reward_mean", "player_0 reward=",
     ),
+    "notebooks/kuhn_poker_selfplay.ipynb": ("exploitability", "current", "average", "chips_vs_nash_p0"),
 }
 
 TIMEOUT_S = 300

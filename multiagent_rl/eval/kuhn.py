@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import functools
 import math
+import time
 from typing import Any, Iterable, Mapping, NamedTuple
 
 import numpy as np
 import pyspiel
 from open_spiel.python import policy as policy_lib
 from open_spiel.python.algorithms import expected_game_score, exploitability
+from transformers import TrainerCallback
 
 __all__ = [
     "CARDS",
@@ -546,3 +548,48 @@ def read_policy(model, tokenizer, reply_tokens: int = 1) -> PolicyTable:
     finally:
         model.train(was_training)
     return table
+
+
+# -- evaluation during training ---------------------------------------------------------------
+
+
+class KuhnEvaluation(TrainerCallback):
+    """Exact evaluation at fixed steps: current and average policy exploitability, invalid replies."""
+
+    def __init__(self, every: int, start_step: int = 0, reply_tokens: int = 1, env_label: str = "kuhn_selfplay"):
+        self.every, self.start_step, self.reply_tokens, self.env_label = every, start_step, reply_tokens, env_label
+        self.average = AveragePolicy()
+        self.points: list[dict] = []
+        self.trainer = None  # set after the trainer is built: evaluation.trainer = trainer
+        self.started = time.time()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        step = state.global_step
+        if step % self.every and step != state.max_steps:
+            return
+        trainer = self.trainer
+        table = read_policy(trainer.accelerator.unwrap_model(trainer.model), trainer.tokenizer, self.reply_tokens)
+        if step >= self.start_step:
+            # Linear averaging (as in CFR+): later, better policies weigh more than early ones.
+            self.average.add(table, weight=len(self.average) + 1)
+        rollouts = [t for ep in trainer.last_episodes if ep.env == self.env_label for t in ep.traces]
+        point = {
+            "step": step,
+            "episodes": trainer.episodes_played,
+            "seconds": round(time.time() - self.started, 1),
+            "exploitability": exploitability_of(table),
+            "avg_exploitability": exploitability_of(self.average.table()) if len(self.average) else None,
+            "invalid_mass": invalid_mass(table),
+            "invalid_reply_rate": (
+                sum(t.metrics.get("invalid_replies", 0) for t in rollouts) / max(1, sum(len(t.messages) // 2 for t in rollouts))
+            ),
+        }
+        self.points.append(point)
+        if trainer.accelerator.is_main_process:
+            avg = point["avg_exploitability"]
+            print(
+                f"step {step:5d}  episodes {point['episodes']:7d}  exploitability {point['exploitability']:.3f}  "
+                f"average {'  -  ' if avg is None else f'{avg:.3f}'}  invalid {point['invalid_reply_rate']:.3%}",
+                flush=True,
+            )
+        trainer.log({f"kuhn/{k}": v for k, v in point.items() if v is not None and k != "step"})
