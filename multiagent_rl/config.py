@@ -29,9 +29,9 @@ from __future__ import annotations
 import importlib
 import tomllib
 from pathlib import Path
-from typing import Any, Callable
+from typing import Annotated, Any, Callable
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from .algorithms import ALGORITHMS, AlgorithmConfig, parse_algorithm_config
 
@@ -52,6 +52,12 @@ def import_object(path: str) -> Any:
         raise ValueError(f"cannot import {path!r}: {exc}") from exc
 
 
+# A dict such as {"type": "grpo"} becomes the registered algorithm's typed config.
+OptionalAlgorithm = Annotated[
+    AlgorithmConfig | None, BeforeValidator(lambda v: None if v is None else parse_algorithm_config(v))
+]
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True, use_attribute_docstrings=True)
 
@@ -63,7 +69,7 @@ class RoleConfig(_Strict):
     """``"policy"`` (the model being trained), a frozen model (``"tiny"``, a hub id or a local path) or ``"scripted"``."""
     trainable: bool | None = None
     """Whether this seat's traces are trained on; default: True for ``policy`` seats, False otherwise."""
-    algo: AlgorithmConfig | None = None
+    algo: OptionalAlgorithm = None
     """This role's algorithm; default: the environment's, then the experiment's."""
     policy: Callable[..., Any] | str | None = None
     """Scripted seats: a function ``turn -> str``, or an import path of a factory called with ``policy_args``."""
@@ -71,11 +77,6 @@ class RoleConfig(_Strict):
     """Arguments of the scripted policy factory."""
     sampling: dict[str, Any] = Field(default_factory=dict)
     """Sampling overrides for this seat (``temperature``, ``max_new_tokens``, ...)."""
-
-    @field_validator("algo", mode="before")
-    @classmethod
-    def _algo(cls, v):
-        return None if v is None else parse_algorithm_config(v)
 
     @model_validator(mode="after")
     def _check(self):
@@ -110,7 +111,7 @@ class EnvConfig(_Strict):
     """Episodes per task (the group credit rules compare)."""
     weight: float = Field(1.0, gt=0)
     """Relative sampling weight among the environments active at a step."""
-    algo: AlgorithmConfig | None = None
+    algo: OptionalAlgorithm = None
     """This environment's algorithm; default: the experiment's ``[algo]``."""
     roles: dict[str, RoleConfig] = Field(default_factory=dict)
     """Per-seat bindings; seats not listed play the policy and are trained."""
@@ -120,11 +121,6 @@ class EnvConfig(_Strict):
     """Step from which it is no longer sampled (e.g. an SFT warm-up phase); None = never stops."""
     timeout: float | None = Field(None, gt=0)
     """Seconds one episode may take before it is recorded as failed."""
-
-    @field_validator("algo", mode="before")
-    @classmethod
-    def _algo(cls, v):
-        return None if v is None else parse_algorithm_config(v)
 
     @model_validator(mode="after")
     def _check(self):

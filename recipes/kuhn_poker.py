@@ -73,7 +73,7 @@ def main(argv=None) -> dict:
     p.add_argument("--warmup-steps", type=int, default=100, help="sft steps imitating a random mixed strategy")
     p.add_argument("--group-size", type=int, default=8, help="episodes per deal")
     p.add_argument("--groups-per-step", type=int, default=16, help="deals per step per process")
-    p.add_argument("--lr", type=float, default=1e-4, help="Adam learning rate of the RL phase")
+    p.add_argument("--lr", type=float, default=3e-4, help="Adam learning rate of the RL phase")
     p.add_argument("--warmup-lr", type=float, default=3e-3, help="learning rate of the sft warm-up")
     p.add_argument("--eval-every", type=int, default=10)
     p.add_argument("--output-dir", default="outputs/kuhn_poker")
