@@ -67,7 +67,8 @@ class MixedAlgorithmConfig(GRPOConfig):
             self.use_cpu = True
             self.bf16 = False
             self.fp16 = False
-            self.gradient_checkpointing = False
+            # transformers 5 names it activation_checkpointing; clearing the old alias avoids its deprecation warning
+            self.activation_checkpointing, self.gradient_checkpointing = False, None
         super().__post_init__()
         if self.beta != 0.0:
             raise ValueError(
