@@ -287,6 +287,8 @@ class Seat:
     sink: list[Trace] = field(default_factory=list)
 
     def _stamp(self, trace: Trace) -> None:
+        if not trace.segments and trace.error is None:
+            return  # the seat was never asked to act (e.g. the other player forfeited first): no run to record
         trace.agent, trace.trainable = self.role, self.trainable
         self.sink.append(trace)
 

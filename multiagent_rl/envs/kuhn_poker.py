@@ -14,6 +14,7 @@ the opponent wins its ante (+1). Reward = chips won by the seat.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import random
 from typing import Any
@@ -99,32 +100,35 @@ class KuhnPokerEnv(Env):
 
     async def run(self, task: Task, agents) -> None:
         cards = tuple(task.data.info["cards"])
-        seats = [agents[role].interaction(task, max_new_tokens=self.reply_tokens) for role in ROLES]
-        history: tuple[str, ...] = ()
-        invalid = [0, 0]
-        forfeit: int | None = None
-        while (player := to_act(history)) is not None:
-            seat = seats[player]
-            state = {"player": player, "card": cards[player], "history": history}
-            action = parse_action(await seat.send(decision_prompt(player, cards[player], history), state=state), history)
-            if action is None:
-                invalid[player] += 1
-                action = parse_action(await seat.send(invalid_prompt(history), state=state), history)
-            if action is None:
-                invalid[player] += 1
-                forfeit = player
-                break
-            history += (action,)
-        chips = (
-            payoff(cards, history)
-            if forfeit is None
-            else tuple(self.invalid_penalty if p == forfeit else 1.0 for p in (0, 1))
-        )
-        for player, seat in enumerate(seats):
-            seat.trace.add_reward("chips", chips[player])
-            seat.trace.metrics.update(invalid_replies=invalid[player], forfeit=float(forfeit == player))
-            seat.trace.info.update(card=cards[player], history=list(history))
-            seat.close()
+        async with contextlib.AsyncExitStack() as stack:  # each seat's trace joins the episode on exit, even on error
+            seats = [
+                await stack.enter_async_context(agents[role].interaction(task, max_new_tokens=self.reply_tokens))
+                for role in ROLES
+            ]
+            history: tuple[str, ...] = ()
+            invalid = [0, 0]
+            forfeit: int | None = None
+            while (player := to_act(history)) is not None:
+                seat = seats[player]
+                state = {"player": player, "card": cards[player], "history": history}
+                reply = await seat.send(decision_prompt(player, cards[player], history), state=state)
+                action = parse_action(reply, history)
+                if action is None:
+                    invalid[player] += 1
+                    action = parse_action(await seat.send(invalid_prompt(history), state=state), history)
+                if action is None:
+                    invalid[player] += 1
+                    forfeit = player
+                    break
+                history += (action,)
+            if forfeit is None:
+                chips = payoff(cards, history)
+            else:
+                chips = tuple(self.invalid_penalty if p == forfeit else 1.0 for p in (0, 1))
+            for player, seat in enumerate(seats):
+                seat.trace.add_reward("chips", chips[player])
+                seat.trace.metrics.update(invalid_replies=invalid[player], forfeit=float(forfeit == player))
+                seat.trace.info.update(card=cards[player], history=list(history), chips=list(chips))
 
 
 # -- scripted opponents --------------------------------------------------------------------------
