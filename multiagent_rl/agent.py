@@ -233,7 +233,8 @@ class Interaction:
             return tok.decode(ids, skip_special_tokens=True)
         gen = await agent.backend.generate(trace.token_ids, params)
         trace.append("action", gen.token_ids, gen.logprobs)
-        self._reply_ended_turn = gen.finish_reason == "stop"
+        # Only the template's own end-of-turn token closes the turn; any other stop token is followed by the full close.
+        self._reply_ended_turn = bool(agent.template.eos_text) and gen.token_ids[-1:] == [tok.eos_token_id]
         text = tok.decode(gen.token_ids, skip_special_tokens=True)
         for s in params.stop:
             if s in text:
