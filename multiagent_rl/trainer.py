@@ -81,6 +81,7 @@ class MixedAlgorithmConfig(GRPOConfig):
             "top_entropy_quantile": (self.top_entropy_quantile, 1.0),
             "off_policy_mask_threshold": (self.off_policy_mask_threshold, None),
             "delta": (self.delta, None),
+            "use_adaptive_entropy": (self.use_adaptive_entropy, False),
         }
         for name, (value, default) in unsupported.items():
             if value != default:
@@ -320,6 +321,10 @@ class MixedAlgorithmTrainer(GRPOTrainer):
             "ref_kl": (ref_tokens, normalizer(inputs["num_ref_kl_tokens"])),
         }
         loss = sum(tokens.sum() / norm for tokens, norm in streams.values())
+        if self.args.entropy_coef:
+            # TRL's static entropy bonus, over the tokens the policy gradient acts on and normalised like
+            # the rl stream (TRL averages per micro-batch instead): keeps self-play from collapsing early.
+            loss = loss - self.args.entropy_coef * (entropies * inputs["rl_mask"]).sum() / streams["rl"][1]
 
         # Metrics, summed over all ranks in one all-reduce. The tags come from the config (the same list on
         # every rank), so per-algorithm losses are global numbers like loss/{stream}, not one rank's share.

@@ -48,6 +48,7 @@ def experiment(args) -> ExperimentConfig:
             "output_dir": args.output_dir,
             "max_steps": args.steps,
             "learning_rate": args.lr,
+            "entropy_coef": args.entropy_coef,
             "lr_scheduler_type": "constant",
             "groups_per_step": args.groups_per_step,
             "seed": args.seed,
@@ -75,6 +76,7 @@ def main(argv=None) -> dict:
     p.add_argument("--groups-per-step", type=int, default=16, help="deals per step per process")
     p.add_argument("--lr", type=float, default=3e-4, help="Adam learning rate of the RL phase")
     p.add_argument("--warmup-lr", type=float, default=3e-3, help="learning rate of the sft warm-up")
+    p.add_argument("--entropy-coef", type=float, default=0.0, help="entropy bonus on the RL tokens (TRL's entropy_coef)")
     p.add_argument("--eval-every", type=int, default=10)
     p.add_argument("--output-dir", default="outputs/kuhn_poker")
     p.add_argument("--config", help="a TOML experiment config; replaces the flags above except --output-dir")

@@ -667,3 +667,23 @@ def test_two_processes_match_one_process(tmp_path):
         assert t["logs"][0].keys() == first.keys()
         for k, v in first.items():
             assert t["logs"][0][k] == pytest.approx(v, rel=1e-5, abs=1e-6), k
+
+
+def test_entropy_bonus_subtracts_mean_entropy_of_rl_tokens(tmp_path, tiny):
+    """entropy_coef c: loss = loss(c=0) − c · Σ H(rl tokens) / N_rl, with H the model's own per-token entropy."""
+    experiment = {"algo": {"type": "grpo"}, "env": [{"id": "single", "instance": single_env(), "group_size": 4}]}
+    plain = fixed_trainer(tmp_path / "a", tiny, experiment, _grpo_episodes())
+    bonus = fixed_trainer(tmp_path / "b", tiny, experiment, _grpo_episodes(), entropy_coef=0.25)
+    batch = plain._generate_and_score_completions(None)
+    loss0, _ = loss_and_grads(plain, batch)
+    loss1, _ = loss_and_grads(bonus, batch)
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
+    mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
+    with torch.no_grad():
+        logits = bonus.model(input_ids=ids, attention_mask=mask).logits[:, -batch["completion_ids"].size(1) - 1 : -1]
+        logp = torch.log_softmax(logits.float(), -1)
+        entropy = -(logp.exp() * logp).sum(-1)
+    expected = 0.25 * (entropy * batch["rl_mask"]).sum() / batch["num_rl_tokens"]
+    assert abs((loss0 - loss1).item() - expected.item()) < 1e-5
+    with pytest.raises(ValueError, match="use_adaptive_entropy"):
+        mixed_args(tmp_path, use_adaptive_entropy=True)
