@@ -247,20 +247,23 @@ class Interaction:
 _BACKENDS: dict[str, GenerationBackend] = {}
 
 
-def frozen_backend(model_id: str) -> GenerationBackend:
-    """A process-wide cached backend for a frozen model (loaded once however many seats use it)."""
+def frozen_backend(model_id: str, device=None) -> GenerationBackend:
+    """A process-wide cached backend for a frozen model, loaded once however many seats or teachers use it.
+
+    The first call decides the device (default: CUDA when available, else CPU).
+    """
     if model_id not in _BACKENDS:
         from .backends.transformers import TransformersBackend
         from .models import load_model_and_tokenizer
 
-        model, tok = load_model_and_tokenizer(model_id)
+        model, tok = load_model_and_tokenizer(model_id, device=device)
         model.eval().requires_grad_(False)
         _BACKENDS[model_id] = TransformersBackend(model, tok, model_id=model_id)
     return _BACKENDS[model_id]
 
 
-def make_agent(config: AgentConfig | dict, *, policy_backend: GenerationBackend | None = None) -> Agent:
-    """Build an agent from its config.
+def make_agent(config: AgentConfig | dict, *, policy_backend: GenerationBackend | None = None, device=None) -> Agent:
+    """Build an agent from its config (``device`` places a frozen model when it is first loaded).
 
     >>> agent = make_agent(AgentConfig(model="tiny", harness={"id": "chat"}))  # doctest: +SKIP
     """
@@ -275,7 +278,7 @@ def make_agent(config: AgentConfig | dict, *, policy_backend: GenerationBackend 
         if policy_backend is None:
             raise ValueError("model='policy' binds a seat to the live policy, which only a trainer provides")
         return Agent(config, policy_backend)
-    return Agent(config, frozen_backend(config.model))
+    return Agent(config, frozen_backend(config.model, device))
 
 
 @dataclass

@@ -28,7 +28,7 @@ from datasets import Dataset
 from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
-from .agent import AgentConfig, make_agent
+from .agent import AgentConfig, frozen_backend, make_agent
 from .algorithms import Algorithm, AlgorithmContext, build_algorithm
 from .backends import SamplingParams, TransformersBackend
 from .collate import collate, trainable_samples
@@ -163,7 +163,6 @@ class MixedAlgorithmTrainer(GRPOTrainer):
         self.trainable: list[dict[str, bool]] = []
         for spec, env in zip(experiment.env, self.envs):
             self._bind(spec, env)
-        self._teachers: dict[str, torch.nn.Module] = {}
         ctx = AlgorithmContext(
             policy_model=self.accelerator.unwrap_model(self.model), tokenizer=processing_class,
             load_model=self._load_teacher,
@@ -190,7 +189,7 @@ class MixedAlgorithmTrainer(GRPOTrainer):
                 sampling=base.with_overrides(**(rc.sampling if rc else {})),
                 policy=rc.scripted_policy() if rc and rc.model == "scripted" else None,
             )
-            agents[role] = make_agent(agent_cfg, policy_backend=self.policy_backend)
+            agents[role] = make_agent(agent_cfg, policy_backend=self.policy_backend, device=self.accelerator.device)
             trainable[role] = rc.is_trainable if rc else True
             if trainable[role]:
                 algo_cfg = self.experiment.algorithm_for(spec, role)
@@ -209,11 +208,8 @@ class MixedAlgorithmTrainer(GRPOTrainer):
         self.assignments.append(dict(assignment))
 
     def _load_teacher(self, model_id: str):
-        """Frozen teachers, loaded once however many algorithms or environments name them."""
-        if model_id not in self._teachers:
-            teacher, _ = load_model_and_tokenizer(model_id, device=self.accelerator.device)
-            self._teachers[model_id] = teacher.eval().requires_grad_(False)
-        return self._teachers[model_id]
+        """Frozen teachers share the frozen seats' cache: a model named twice is loaded once."""
+        return frozen_backend(model_id, self.accelerator.device).model
 
     # -- rollout ----------------------------------------------------------------------------
     async def _rollout(self, step: int) -> list[Episode]:

@@ -411,7 +411,7 @@ def test_opd_training_lowers_reverse_kl_to_a_different_teacher(tmp_path, tiny):
     path = _save(teacher, tok, tmp_path / "teacher")
     trainer = _opd_trainer(tmp_path, tiny, path, group_size=8, groups_per_step=8, max_steps=15, learning_rate=2e-3,
                            lr_scheduler_type="constant", max_completion_length=4)
-    teacher = trainer._teachers[path]
+    teacher = trainer._load_teacher(path)  # the cached frozen copy the trainer scores with
     policy = trainer.model
     held_out = [tok.apply_chat_template([{"role": "user", "content": f"Say {w}."}], tokenize=True,
                                         add_generation_prompt=True) for w in ("yes", "no", "hello", "goodbye")]
