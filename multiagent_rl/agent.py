@@ -22,7 +22,7 @@ import inspect
 import json
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -77,6 +77,8 @@ class ScriptedTurn:
     messages: list[dict[str, Any]]
     task: Task
     state: Any = None
+    choices: tuple[str, ...] | None = None
+    """The replies the env allows this turn (``send(..., choices=...)``); None = free text."""
 
 
 class ChatTemplate:
@@ -92,6 +94,7 @@ class ChatTemplate:
         # Envs repeat the same messages across thousands of episodes: render each one once (bounded LRU).
         self._prompt_cache: OrderedDict[str, list[int]] = OrderedDict()
         self._turn_cache: OrderedDict[tuple[str, bool], list[int]] = OrderedDict()
+        self._choice_cache: dict[tuple[str, ...], dict[str, list[int]]] = {}
 
     def _render(self, messages, add_generation_prompt) -> str:
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
@@ -102,6 +105,23 @@ class ChatTemplate:
     def prompt_ids(self, messages: list[dict[str, Any]]) -> list[int]:
         return _cached(self._prompt_cache, json.dumps(messages),
                        lambda: self.encode(self._render(messages, add_generation_prompt=True)))
+
+    def choice_ids(self, choices: tuple[str, ...]) -> dict[str, list[int]]:
+        """Each choice's reply tokens (its text + the end-of-turn token), checked to be told apart."""
+        if choices not in self._choice_cache:
+            if not choices:
+                raise ValueError("choices must name at least one reply")
+            options = {c: self.encode(c + self.eos_text) for c in choices}
+            for a, ids_a in options.items():
+                for b, ids_b in options.items():
+                    if a != b and ids_b[: len(ids_a)] == ids_a:
+                        raise ValueError(
+                            f"choice {a!r} tokenizes to a prefix of {b!r} ({ids_a} vs {ids_b}), so a constrained "
+                            "reply cannot tell them apart; use a chat template with an end-of-turn token or "
+                            "choices that are not prefixes of one another"
+                        )
+            self._choice_cache[choices] = options
+        return {c: list(ids) for c, ids in self._choice_cache[choices].items()}
 
     def user_turn_ids(self, content: str, reply_ended_turn: bool) -> list[int]:
         """Tokens that close the last reply (if the model did not) and open a new user turn."""
@@ -194,8 +214,16 @@ class Interaction:
             cb(self.trace)
         return self.trace
 
-    async def send(self, text: str | None = None, *, state: Any = None, **sampling_overrides) -> str:
-        """Say ``text`` as the user (the task's prompt on the first turn if None) and return the reply."""
+    async def send(
+        self, text: str | None = None, *, state: Any = None, choices: Sequence[str] | None = None, **sampling_overrides
+    ) -> str:
+        """Say ``text`` as the user (the task's prompt on the first turn if None) and return the reply.
+
+        With ``choices`` the reply is constrained to one of them (a legal-action harness): the
+        model samples only tokens that continue some choice, each from the softmax over exactly
+        those tokens, and the trace records the allowed ids so the loss scores every token with the
+        same restricted softmax. Each choice is followed by the template's end-of-turn token.
+        """
         agent, trace = self.agent, self.trace
         if self.turns >= agent.config.harness.max_turns:
             raise TurnLimitReached(f"{trace.agent}: max_turns={agent.config.harness.max_turns} reached")
@@ -211,7 +239,8 @@ class Interaction:
             trace.messages.append({"role": "user", "content": text})
             trace.append("observation", agent.template.user_turn_ids(text, self._reply_ended_turn))
         params = self.sampling.with_overrides(**sampling_overrides)
-        reply = await asyncio.wait_for(self._reply(params, state), timeout=agent.config.timeout)
+        reply_coro = self._reply(params, state) if choices is None else self._choose(params, state, tuple(choices))
+        reply = await asyncio.wait_for(reply_coro, timeout=agent.config.timeout)
         self.turns += 1
         trace.messages.append({"role": "assistant", "content": reply})
         trace.last_reply = reply
@@ -221,10 +250,7 @@ class Interaction:
         agent, trace = self.agent, self.trace
         tok = agent.tokenizer
         if agent.backend is None:  # scripted
-            out = agent.config.policy(ScriptedTurn(list(trace.messages), self.task, state))
-            reply = await out if inspect.isawaitable(out) else out
-            if not isinstance(reply, str):
-                raise TypeError(f"scripted policy must return str, got {type(reply).__name__}")
+            reply = await self._scripted_reply(state)
             # A scripted reply obeys the same length limit as a sampled one, so imitating it (sft)
             # teaches exactly what the policy can emit; the end-of-turn token is kept when it fits.
             ids = agent.template.encode(reply + agent.template.eos_text)[: params.max_new_tokens]
@@ -240,6 +266,49 @@ class Interaction:
             if s in text:
                 text = text[: text.index(s)]
         return text
+
+
+    async def _scripted_reply(self, state: Any, choices: tuple[str, ...] | None = None) -> str:
+        out = self.agent.config.policy(ScriptedTurn(list(self.trace.messages), self.task, state, choices))
+        reply = await out if inspect.isawaitable(out) else out
+        if not isinstance(reply, str):
+            raise TypeError(f"scripted policy must return str, got {type(reply).__name__}")
+        return reply
+
+    async def _choose(self, params: SamplingParams, state: Any, choices: tuple[str, ...]) -> str:
+        """A reply constrained to ``choices``, sampled token by token along their shared prefixes."""
+        agent, trace = self.agent, self.trace
+        options = agent.template.choice_ids(choices)
+        if agent.backend is None:  # scripted: its reply must be one of the choices
+            reply = await self._scripted_reply(state, choices)
+            if reply not in options:
+                raise ValueError(f"scripted policy replied {reply!r}, which is not one of the choices {list(choices)}")
+            ids = options[reply]
+            trace.append("action", ids, allowed=[_next_ids(options, ids[:i]) for i in range(len(ids))])
+        else:
+            ids, logprobs, allowed = [], [], []
+            while (reply := next((c for c, o in options.items() if o == ids), None)) is None:
+                candidates = _next_ids(options, ids)
+                if len(candidates) == 1:  # forced: the only way to continue, probability 1 under the restriction
+                    token, logprob = candidates[0], 0.0
+                else:
+                    gen = await agent.backend.generate(
+                        trace.token_ids + ids,
+                        params.with_overrides(max_new_tokens=1, stop=(), allowed_token_ids=tuple(candidates)),
+                    )
+                    token, logprob = gen.token_ids[0], gen.logprobs[0]
+                ids.append(token)
+                logprobs.append(logprob)
+                allowed.append(candidates)
+            trace.append("action", ids, logprobs, allowed=allowed)
+        self._reply_ended_turn = bool(agent.template.eos_text) and ids[-1:] == [agent.tokenizer.eos_token_id]
+        return reply
+
+
+def _next_ids(options: dict[str, list[int]], prefix: list[int]) -> list[int]:
+    """The token ids that continue ``prefix`` towards some option."""
+    n = len(prefix)
+    return sorted({o[n] for o in options.values() if len(o) > n and o[:n] == prefix})
 
 
 # -- building agents ------------------------------------------------------------------------------

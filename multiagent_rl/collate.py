@@ -3,7 +3,8 @@
 One sample per trainable trace that carries weight on some stream: the first prompt segment is the
 sample's prompt (left-padded), everything after it the completion (right-padded), with per-token
 weights for the three loss streams (rl advantages, ce weights, ref_kl weights + teacher logprobs),
-the sampling logprobs, and per-sample tags (algorithm, env, role) for metrics.
+the sampling logprobs, per-sample tags (algorithm, env, role) for metrics and, when a harness
+constrained some replies to choices, the allowed token ids of every constrained token.
 """
 
 from __future__ import annotations
@@ -48,6 +49,10 @@ def collate(samples: list[Sample], pad_token_id: int, multiple_of: int = 1) -> d
         if p == 0 or p == len(ids):
             raise ValueError(f"trace of {s.trace.agent!r} needs a prompt segment followed by completion tokens")
         kinds = s.trace.token_kinds[p:]
+        allowed = s.trace.allowed_token_ids[p:]
+        # A token the harness forced (one allowed id) has probability 1 under its restricted softmax:
+        # no gradient, so no stream counts it in its token normalisation either.
+        free = [float(a is None or len(a) > 1) for a in allowed]
         rl = streams.rl[p:] if streams.rl is not None else [0.0] * (len(ids) - p)
         rows.append(
             dict(
@@ -55,9 +60,12 @@ def collate(samples: list[Sample], pad_token_id: int, multiple_of: int = 1) -> d
                 completion=ids[p:],
                 rl=rl,
                 # zero-advantage samples leave the rl stream only
-                rl_mask=[float(k == "action") for k in kinds] if any(a != 0 for a in rl) else [0.0] * len(kinds),
-                ce=streams.ce[p:] if streams.ce is not None else [0.0] * len(kinds),
-                ref_kl=streams.ref_kl[p:] if streams.ref_kl is not None else [0.0] * len(kinds),
+                rl_mask=[float(k == "action") * f for k, f in zip(kinds, free)] if any(a != 0 for a in rl)
+                else [0.0] * len(kinds),
+                ce=[w * f for w, f in zip(streams.ce[p:], free)] if streams.ce is not None else [0.0] * len(kinds),
+                ref_kl=[w * f for w, f in zip(streams.ref_kl[p:], free)] if streams.ref_kl is not None
+                else [0.0] * len(kinds),
+                allowed=allowed,
                 ref_logps=[x or 0.0 for x in streams.ref_logprobs[p:]] if streams.ref_logprobs else [0.0] * len(kinds),
                 sampling_logps=[x or 0.0 for x in s.trace.sampling_logprobs[p:]],
                 action=[float(k == "action") for k in kinds],
@@ -69,7 +77,8 @@ def collate(samples: list[Sample], pad_token_id: int, multiple_of: int = 1) -> d
     while not rows or len(rows) % multiple_of:
         rows.append(
             dict(prompt=[pad_token_id], completion=[pad_token_id], rl=[0.0], rl_mask=[0.0], ce=[0.0], ref_kl=[0.0],
-                 ref_logps=[0.0], sampling_logps=[0.0], action=[0.0], algorithm="padding", env="", role="")
+                 allowed=[None], ref_logps=[0.0], sampling_logps=[0.0], action=[0.0], algorithm="padding", env="",
+                 role="")
         )
     P = max(len(r["prompt"]) for r in rows)
     T = max(len(r["completion"]) for r in rows)
@@ -87,7 +96,7 @@ def collate(samples: list[Sample], pad_token_id: int, multiple_of: int = 1) -> d
         completion_mask[i, :c] = 1
         for k, t in floats.items():
             t[i, :c] = torch.tensor(r[k], dtype=torch.float32)
-    return {
+    batch = {
         "prompt_ids": prompt_ids,
         "prompt_mask": prompt_mask,
         "completion_ids": completion_ids,
@@ -103,3 +112,12 @@ def collate(samples: list[Sample], pad_token_id: int, multiple_of: int = 1) -> d
         "env": [r["env"] for r in rows],
         "role": [r["role"] for r in rows],
     }
+    K = max((len(a) for r in rows for a in r["allowed"] if a is not None), default=0)
+    if K:  # constrained choices in the batch: per token the allowed ids, -1-padded (all -1 = whole vocabulary)
+        allowed_ids = torch.full((B, T, K), -1, dtype=torch.long)
+        for i, r in enumerate(rows):
+            for j, a in enumerate(r["allowed"]):
+                if a is not None:
+                    allowed_ids[i, j, : len(a)] = torch.tensor(a)
+        batch["allowed_ids"] = allowed_ids
+    return batch

@@ -38,13 +38,21 @@ def vocab_size(model: Any) -> int | None:
     return int(size) if size is not None else None
 
 
-def token_logprobs(model: Any, sequences: list[list[int]], batch_size: int = 16) -> list[list[float | None]]:
+def token_logprobs(
+    model: Any,
+    sequences: list[list[int]],
+    batch_size: int = 16,
+    allowed: list[list[list[int] | None]] | None = None,
+) -> list[list[float | None]]:
     """Log-probability of every token of every sequence given its prefix.
 
     Args:
         model: a Hugging Face causal LM (``model(input_ids=..., attention_mask=...).logits``).
         sequences: token id lists, possibly of different lengths.
         batch_size: sequences per forward pass (sequences are length-sorted to limit padding).
+        allowed: per sequence, per token, the ids a constrained choice allowed (``None``: the
+            whole vocabulary), e.g. ``trace.allowed_token_ids``; such a token is scored with the
+            softmax over its allowed ids, as the policy sampled it.
 
     Returns:
         one list per sequence, aligned with it: ``[None, log p(t1|t0), log p(t2|t0 t1), ...]``.
@@ -88,7 +96,11 @@ def token_logprobs(model: Any, sequences: list[list[int]], batch_size: int = 16)
                     # one row at a time keeps the float32 copy of the logits to (n, vocab)
                     logp = torch.log_softmax(logits[row, : n - 1].float(), dim=-1)
                     picked = logp.gather(-1, input_ids[row, 1:n].unsqueeze(-1)).squeeze(-1)
-                    results[i] = [None, *picked.cpu().tolist()]
+                    scores = [None, *picked.cpu().tolist()]
+                    for j, ids in enumerate(allowed[i] if allowed is not None else ()):
+                        if ids is not None and j > 0:
+                            scores[j] = scores[j] - torch.logsumexp(logp[j - 1, ids], -1).item()
+                    results[i] = scores
                 del logits
     finally:
         model.train(was_training)

@@ -21,11 +21,17 @@ KINDS = ("prompt", "action", "observation")
 
 @dataclass
 class Segment:
-    """A run of tokens of one kind. ``logprobs`` is set on sampled actions only."""
+    """A run of tokens of one kind. ``logprobs`` is set on sampled actions only.
+
+    ``allowed`` is set on actions a harness constrained to a choice: per token, the ids the policy
+    could pick from (``None`` = the whole vocabulary). The loss scores such a token with the
+    softmax over exactly that set, as it was sampled; a token with one allowed id was forced.
+    """
 
     kind: SegmentKind
     token_ids: list[int]
     logprobs: list[float] | None = None
+    allowed: list[list[int] | None] | None = None
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -34,6 +40,14 @@ class Segment:
             raise ValueError(
                 f"Segment has {len(self.token_ids)} tokens but {len(self.logprobs)} logprobs; they must match"
             )
+        if self.allowed is not None:
+            if len(self.allowed) != len(self.token_ids):
+                raise ValueError(
+                    f"Segment has {len(self.token_ids)} tokens but {len(self.allowed)} allowed-id sets; they must match"
+                )
+            for t, ids in zip(self.token_ids, self.allowed):
+                if ids is not None and t not in ids:
+                    raise ValueError(f"token {t} is not among the ids {ids} it was constrained to")
 
 
 @dataclass
@@ -102,6 +116,14 @@ class Trace:
         return out
 
     @property
+    def allowed_token_ids(self) -> list[list[int] | None]:
+        """Per token, the ids a constrained choice allowed (``None``: unconstrained)."""
+        out: list[list[int] | None] = []
+        for s in self.segments:
+            out.extend(s.allowed if s.allowed is not None else [None] * len(s.token_ids))
+        return out
+
+    @property
     def num_action_tokens(self) -> int:
         return sum(len(s.token_ids) for s in self.segments if s.kind == "action")
 
@@ -110,17 +132,27 @@ class Trace:
         """Length of the first prompt segment: what the collator treats as the sample's prompt."""
         return len(self.segments[0].token_ids) if self.segments and self.segments[0].kind == "prompt" else 0
 
-    def append(self, kind: SegmentKind, token_ids: list[int], logprobs: list[float] | None = None) -> None:
+    def append(
+        self,
+        kind: SegmentKind,
+        token_ids: list[int],
+        logprobs: list[float] | None = None,
+        allowed: list[list[int] | None] | None = None,
+    ) -> None:
         """Append tokens, merging with the last segment when it has the same kind."""
         if not token_ids:
             return
+        new = Segment(kind, list(token_ids), None if logprobs is None else list(logprobs),
+                      None if allowed is None else [None if a is None else list(a) for a in allowed])
         last = self.segments[-1] if self.segments else None
         if last is not None and last.kind == kind and (last.logprobs is None) == (logprobs is None):
-            last.token_ids.extend(token_ids)
+            if last.allowed is not None or new.allowed is not None:
+                last.allowed = (last.allowed or [None] * len(last.token_ids)) + (new.allowed or [None] * len(token_ids))
+            last.token_ids.extend(new.token_ids)
             if logprobs is not None:
-                last.logprobs.extend(logprobs)
+                last.logprobs.extend(new.logprobs)
         else:
-            self.segments.append(Segment(kind, list(token_ids), None if logprobs is None else list(logprobs)))
+            self.segments.append(new)
 
     # -- rewards --------------------------------------------------------------------------
     @property
@@ -134,7 +166,11 @@ class Trace:
     def to_dict(self) -> dict[str, Any]:
         return {
             "agent": self.agent,
-            "segments": [{"kind": s.kind, "token_ids": s.token_ids, "logprobs": s.logprobs} for s in self.segments],
+            "segments": [
+                {"kind": s.kind, "token_ids": s.token_ids, "logprobs": s.logprobs,
+                 **({"allowed": s.allowed} if s.allowed is not None else {})}
+                for s in self.segments
+            ],
             "trainable": self.trainable,
             "model": self.model,
             "messages": self.messages,

@@ -278,18 +278,55 @@ class MixedAlgorithmTrainer(GRPOTrainer):
             with torch.no_grad():
                 ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
                 mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
-                batch["old_per_token_logps"], _, _ = self._get_per_token_logps_and_entropies(
-                    self.model, ids, mask, batch["completion_ids"].size(1)
+                batch["old_per_token_logps"], _ = self._token_logps(
+                    self.model, ids, mask, batch["completion_ids"], batch.get("allowed_ids")
                 )
         return batch
 
     # -- loss -------------------------------------------------------------------------------
+    def _token_logps(self, model, input_ids, attention_mask, completion_ids, allowed_ids=None, compute_entropy=False):
+        """Log-probabilities (and entropies) of the completion tokens, as they were sampled.
+
+        Without constrained choices in the batch this is TRL's own scoring (fused LM head). With
+        them, a constrained token is scored by the softmax over its allowed ids only, exactly as the
+        harness sampled it, and its entropy is that of the restricted distribution. This path
+        materialises the completion's (B, T, vocab) logits, which TRL's fused head avoids: fine for
+        game moves, heavy for long completions with a large vocabulary.
+        """
+        T = completion_ids.size(1)
+        if allowed_ids is None:
+            logps, entropies, _ = self._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, T, compute_entropy=compute_entropy
+            )
+            return logps, entropies
+        with self.accelerator.autocast():
+            logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=T + 1).logits
+        logits = logits[:, :-1].float() / self.temperature
+        full = torch.log_softmax(logits, dim=-1)
+        logps = full.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
+        allowed = allowed_ids >= 0
+        constrained = allowed.any(-1)
+        # Unconstrained positions keep finite dummy rows here (their results are discarded below):
+        # an all -inf row would put NaN into the backward pass even where torch.where drops it.
+        in_set = allowed | ~constrained.unsqueeze(-1)
+        sub = logits.gather(-1, allowed_ids.clamp(min=0)).masked_fill(~in_set, float("-inf"))
+        restricted = torch.log_softmax(sub, dim=-1)
+        chosen = (allowed_ids == completion_ids.unsqueeze(-1)) & allowed
+        restricted_logps = restricted.masked_fill(~chosen, 0.0).sum(-1)
+        logps = torch.where(constrained, restricted_logps, logps)
+        entropies = None
+        if compute_entropy:
+            full_entropy = -(full.exp() * full).sum(-1)
+            restricted_entropy = -(restricted.exp() * restricted.masked_fill(~in_set, 0.0)).sum(-1)
+            entropies = torch.where(constrained, restricted_entropy, full_entropy)
+        return logps, entropies
+
     def _compute_loss(self, model, inputs):
         prompt_ids, completion_ids = inputs["prompt_ids"], inputs["completion_ids"]
         input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
         attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-        logps, entropies, _ = self._get_per_token_logps_and_entropies(
-            model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=True
+        logps, entropies = self._token_logps(
+            model, input_ids, attention_mask, completion_ids, inputs.get("allowed_ids"), compute_entropy=True
         )
         mode = "train" if self.model.training else "eval"
         # Token counts span the generation batch on all ranks; rescale to one accumulation window and

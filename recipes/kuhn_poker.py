@@ -34,10 +34,11 @@ def experiment(args) -> ExperimentConfig:
     """The run as one config object (the same schema as ``--config file.toml``)."""
     warmup_seat = {"model": "scripted", "policy": WARMUP_POLICY, "policy_args": {"seed": args.seed, "low": 0.1, "high": 0.9, "two_point": True},
                    "trainable": True, "algo": {"type": "sft"}}
-    envs = [{"id": "kuhn_poker", "name": "kuhn_selfplay", "group_size": args.group_size,
+    env_args = {"legal_choices": not args.free_text}
+    envs = [{"id": "kuhn_poker", "name": "kuhn_selfplay", "args": env_args, "group_size": args.group_size,
              "start_step": args.warmup_steps}]
     if args.warmup_steps:
-        envs.insert(0, {"id": "kuhn_poker", "name": "kuhn_warmup", "group_size": args.group_size,
+        envs.insert(0, {"id": "kuhn_poker", "name": "kuhn_warmup", "args": env_args, "group_size": args.group_size,
                         "stop_step": args.warmup_steps,
                         "roles": {"player_0": warmup_seat, "player_1": warmup_seat}})
     return ExperimentConfig.model_validate({
@@ -77,6 +78,8 @@ def main(argv=None) -> dict:
     p.add_argument("--lr", type=float, default=3e-4, help="Adam learning rate of the RL phase")
     p.add_argument("--warmup-lr", type=float, default=3e-3, help="learning rate of the sft warm-up")
     p.add_argument("--entropy-coef", type=float, default=0.0, help="entropy bonus on the RL tokens (TRL's entropy_coef)")
+    p.add_argument("--free-text", action="store_true",
+                   help="free-text replies (invalid ones re-prompted, then forfeited) instead of the legal-action harness")
     p.add_argument("--eval-every", type=int, default=10)
     p.add_argument("--output-dir", default="outputs/kuhn_poker")
     p.add_argument("--config", help="a TOML experiment config; replaces the flags above except --output-dir")
@@ -88,7 +91,8 @@ def main(argv=None) -> dict:
     config.trainer.setdefault("output_dir", args.output_dir)
     warmup = max((e.stop_step or 0) for e in config.env if e.stop_step is not None) if any(
         e.stop_step for e in config.env) else 0
-    evaluation = KuhnEvaluation(args.eval_every, start_step=warmup)
+    legal_choices = any(e.args.get("legal_choices", False) for e in config.env if e.id == "kuhn_poker")
+    evaluation = KuhnEvaluation(args.eval_every, start_step=warmup, legal_choices=legal_choices)
     trainer = MixedAlgorithmTrainer(config, callbacks=[evaluation, WarmupLearningRate(warmup, args.warmup_lr)])
     evaluation.trainer = trainer
     trainer.train()

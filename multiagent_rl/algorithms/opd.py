@@ -93,6 +93,7 @@ class OPD(Algorithm):
             raise RuntimeError("opd.score_episode called before setup()")
         sequences = [t.token_ids for t in traces]
         check_vocab(self.teacher, sequences, f"opd teacher {self.config.teacher!r}")
-        scores = token_logprobs(self.teacher, sequences, batch_size=self.config.batch_size)
+        allowed = [t.allowed_token_ids for t in traces]
+        scores = token_logprobs(self.teacher, sequences, batch_size=self.config.batch_size, allowed=allowed)
         for trace, logprobs in zip(traces, scores):
             trace.streams = teacher_streams(self.name, trace, logprobs)

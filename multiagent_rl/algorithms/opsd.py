@@ -95,6 +95,7 @@ class OPSD(Algorithm):
         hint = self.hint_ids(demo)
         sequences = [hint + t.token_ids for t in traces]
         check_vocab(self.teacher, sequences, "opsd teacher (the policy)")
-        scores = token_logprobs(self.teacher, sequences, batch_size=self.config.batch_size)
+        allowed = [[None] * len(hint) + t.allowed_token_ids for t in traces]
+        scores = token_logprobs(self.teacher, sequences, batch_size=self.config.batch_size, allowed=allowed)
         for trace, logprobs in zip(traces, scores):
             trace.streams = teacher_streams(self.name, trace, logprobs, offset=len(hint))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class SamplingParams(BaseModel):
@@ -23,6 +23,16 @@ class SamplingParams(BaseModel):
     """Stop strings: the reply text ends before the first of them (the sampled tokens are kept)."""
     seed: int | None = None
     """Seed for this call's sampling (requests sharing a seed are served in one seeded batch)."""
+    allowed_token_ids: tuple[int, ...] | None = None
+    """Sample only these tokens (every other logit is masked to -inf before sampling, so the
+    returned logprobs are over this set). Harnesses use it for constrained choices."""
+
+    @field_validator("allowed_token_ids")
+    @classmethod
+    def _non_empty(cls, ids):
+        if ids is not None and not ids:
+            raise ValueError("allowed_token_ids must name at least one token (None = the whole vocabulary)")
+        return ids
 
     def with_overrides(self, **overrides) -> SamplingParams:
         return self if not overrides else self.model_copy(update=overrides)

@@ -109,6 +109,10 @@ class TransformersBackend:
             kwargs.update(temperature=params.temperature, top_p=params.top_p)
         if params.stop:
             kwargs.update(stop_strings=list(params.stop), tokenizer=self.tokenizer)
+        if params.allowed_token_ids is not None:
+            from transformers import LogitsProcessorList
+
+            kwargs.update(logits_processor=LogitsProcessorList([_AllowOnly(params.allowed_token_ids)]))
         was_training = model.training
         model.eval()
         seed_ctx = contextlib.nullcontext()
@@ -127,6 +131,7 @@ class TransformersBackend:
         self.num_requests += len(prompts)
         new_tokens = out.sequences[:, width:].cpu()
         logits = torch.stack(out.logits, dim=1).float()  # (B, steps, V), raw (before temperature/top-p)
+        logits = _allow_only(logits, params.allowed_token_ids)
         scale = 1.0 if greedy else params.temperature
         logps = torch.log_softmax(logits / scale, dim=-1).gather(-1, new_tokens.to(logits.device).unsqueeze(-1))
         logps = logps.squeeze(-1).cpu()
@@ -148,6 +153,7 @@ class TransformersBackend:
             ).logits[:, -1].float()
         finally:
             model.train(was_training)
+        logits = _allow_only(logits, params.allowed_token_ids)
         self.num_generate_calls += 1
         self.num_requests += len(input_ids)
         if params.temperature == 0:
@@ -176,6 +182,25 @@ class TransformersBackend:
                     end, reason = i + 1, "stop_string"
                     break
         return Generation(ids[:end], logps[:end], reason)
+
+
+def _allow_only(logits: torch.Tensor, allowed: tuple[int, ...] | None) -> torch.Tensor:
+    """``logits`` with every token outside ``allowed`` at -inf (unchanged when ``allowed`` is None)."""
+    if allowed is None:
+        return logits
+    keep = torch.zeros(logits.size(-1), dtype=torch.bool, device=logits.device)
+    keep[list(allowed)] = True
+    return logits.masked_fill(~keep, float("-inf"))
+
+
+class _AllowOnly:
+    """A ``generate`` logits processor that restricts every step to ``allowed`` tokens."""
+
+    def __init__(self, allowed: tuple[int, ...]):
+        self.allowed = allowed
+
+    def __call__(self, input_ids, scores):
+        return _allow_only(scores, self.allowed)
 
 
 def _eos_ids(model, tokenizer) -> list[int]:

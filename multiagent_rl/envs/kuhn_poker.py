@@ -82,18 +82,26 @@ def corpus_lines() -> list[str]:
 class KuhnPokerEnv(Env):
     """Two seats, ``player_0`` and ``player_1``; a task is one deal.
 
-    ``reply_tokens`` bounds each reply (1 suits the embedded tiny model, whose vocabulary has
-    every action as one token; use ~4 with a real model).
+    ``reply_tokens`` bounds each free-text reply (1 suits the embedded tiny model, whose
+    vocabulary has every action as one token; use ~4 with a real model).
+
+    ``legal_choices=True`` uses the legal-action harness instead of free text: each reply is
+    constrained to the two legal action words (``Interaction.send(..., choices=...)``), sampled
+    from the softmax over just their tokens and scored with that same softmax in the loss. The
+    game and the prompts are unchanged; what changes is that the policy can no longer reply
+    invalidly, so the re-prompt and forfeit never happen and the policy at each information
+    state is exactly the model's renormalised probability of the two legal words.
     """
 
     name = "kuhn_poker"
     roles = ROLES
 
-    def __init__(self, invalid_penalty: float = -2.0, reply_tokens: int = 1):
+    def __init__(self, invalid_penalty: float = -2.0, reply_tokens: int = 1, legal_choices: bool = False):
         if invalid_penalty >= -1:
             raise ValueError(f"invalid_penalty={invalid_penalty} must be below -1 (a fold), or babbling beats folding")
         self.invalid_penalty = invalid_penalty
         self.reply_tokens = reply_tokens
+        self.legal_choices = legal_choices
 
     def sample_tasks(self, num: int, rng: random.Random) -> list[Task]:
         return [Task(TaskData(info={"cards": list(rng.choice(DEALS))})) for _ in range(num)]
@@ -111,7 +119,8 @@ class KuhnPokerEnv(Env):
             while (player := to_act(history)) is not None:
                 seat = seats[player]
                 state = {"player": player, "card": cards[player], "history": history}
-                reply = await seat.send(decision_prompt(player, cards[player], history), state=state)
+                choices = legal_actions(history) if self.legal_choices else None
+                reply = await seat.send(decision_prompt(player, cards[player], history), state=state, choices=choices)
                 action = parse_action(reply, history)
                 if action is None:
                     invalid[player] += 1

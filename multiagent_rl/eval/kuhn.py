@@ -554,10 +554,19 @@ def read_policy(model, tokenizer, reply_tokens: int = 1) -> PolicyTable:
 
 
 class KuhnEvaluation(TrainerCallback):
-    """Exact evaluation at fixed steps: current and average policy exploitability, invalid replies."""
+    """Exact evaluation at fixed steps: current and average policy exploitability, invalid replies.
 
-    def __init__(self, every: int, start_step: int = 0, reply_tokens: int = 1, env_label: str = "kuhn_selfplay"):
+    With ``legal_choices=True`` (the env's legal-action harness) the policy played is each row
+    renormalised over the legal words, and that is what is averaged; ``invalid_mass`` then still
+    reports the mass the unconstrained model puts elsewhere, as a diagnostic only.
+    """
+
+    def __init__(
+        self, every: int, start_step: int = 0, reply_tokens: int = 1, env_label: str = "kuhn_selfplay",
+        legal_choices: bool = False,
+    ):
         self.every, self.start_step, self.reply_tokens, self.env_label = every, start_step, reply_tokens, env_label
+        self.legal_choices = legal_choices
         self.average = AveragePolicy()
         self.points: list[dict] = []
         self.trainer = None  # set after the trainer is built: evaluation.trainer = trainer
@@ -568,7 +577,8 @@ class KuhnEvaluation(TrainerCallback):
         if step % self.every and step != state.max_steps:
             return
         trainer = self.trainer
-        table = read_policy(trainer.accelerator.unwrap_model(trainer.model), trainer.tokenizer, self.reply_tokens)
+        raw = read_policy(trainer.accelerator.unwrap_model(trainer.model), trainer.tokenizer, self.reply_tokens)
+        table = {s: normalized(raw, s) for s in INFO_STATES} if self.legal_choices else raw
         if step >= self.start_step:
             # Linear averaging (as in CFR+): later, better policies weigh more than early ones.
             self.average.add(table, weight=len(self.average) + 1)
@@ -579,7 +589,7 @@ class KuhnEvaluation(TrainerCallback):
             "seconds": round(time.time() - self.started, 1),
             "exploitability": exploitability_of(table),
             "avg_exploitability": exploitability_of(self.average.table()) if len(self.average) else None,
-            "invalid_mass": invalid_mass(table),
+            "invalid_mass": invalid_mass(raw),
             "invalid_reply_rate": (
                 sum(t.metrics.get("invalid_replies", 0) for t in rollouts) / max(1, sum(len(t.messages) // 2 for t in rollouts))
             ),
