@@ -278,21 +278,21 @@ class MixedAlgorithmTrainer(GRPOTrainer):
             with torch.no_grad():
                 ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
                 mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
-                batch["old_per_token_logps"], _ = self._token_logps(
-                    self.model, ids, mask, batch["completion_ids"], batch.get("allowed_ids")
-                )
+                batch["old_per_token_logps"], _ = self._token_logps(self.model, ids, mask, batch)
         return batch
 
     # -- loss -------------------------------------------------------------------------------
-    def _token_logps(self, model, input_ids, attention_mask, completion_ids, allowed_ids=None, compute_entropy=False):
+    def _token_logps(self, model, input_ids, attention_mask, inputs, compute_entropy=False):
         """Log-probabilities (and entropies) of the completion tokens, as they were sampled.
 
         Without constrained choices in the batch this is TRL's own scoring (fused LM head). With
-        them, a constrained token is scored by the softmax over its allowed ids only, exactly as the
-        harness sampled it, and its entropy is that of the restricted distribution. This path
-        materialises the completion's (B, T, vocab) logits, which TRL's fused head avoids: fine for
-        game moves, heavy for long completions with a large vocabulary.
+        them (``inputs["allowed_ids"]``), a constrained token is scored by the softmax over its
+        allowed ids only, exactly as the harness sampled it, and its entropy is that of the
+        restricted distribution. This path computes the model's logits over the completion and then
+        scores only the positions some stream or metric reads (0 elsewhere): fine for game moves,
+        heavier than TRL's fused head for long completions with a large vocabulary.
         """
+        completion_ids, allowed_ids = inputs["completion_ids"], inputs.get("allowed_ids")
         T = completion_ids.size(1)
         if allowed_ids is None:
             logps, entropies, _ = self._get_per_token_logps_and_entropies(
@@ -301,9 +301,14 @@ class MixedAlgorithmTrainer(GRPOTrainer):
             return logps, entropies
         with self.accelerator.autocast():
             logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=T + 1).logits
-        logits = logits[:, :-1].float() / self.temperature
+        read = inputs["completion_mask"].bool() & (
+            (inputs["action_mask"] != 0) | (inputs["rl_mask"] != 0) | (inputs["ce_weights"] != 0)
+            | (inputs["ref_kl_weights"] != 0)
+        )
+        logits = logits[:, :-1][read].float() / self.temperature  # (M, vocab): only the positions read
+        tokens, allowed_ids = completion_ids[read], allowed_ids[read]
         full = torch.log_softmax(logits, dim=-1)
-        logps = full.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
+        logps = full.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
         allowed = allowed_ids >= 0
         constrained = allowed.any(-1)
         # Unconstrained positions keep finite dummy rows here (their results are discarded below):
@@ -311,23 +316,24 @@ class MixedAlgorithmTrainer(GRPOTrainer):
         in_set = allowed | ~constrained.unsqueeze(-1)
         sub = logits.gather(-1, allowed_ids.clamp(min=0)).masked_fill(~in_set, float("-inf"))
         restricted = torch.log_softmax(sub, dim=-1)
-        chosen = (allowed_ids == completion_ids.unsqueeze(-1)) & allowed
-        restricted_logps = restricted.masked_fill(~chosen, 0.0).sum(-1)
-        logps = torch.where(constrained, restricted_logps, logps)
-        entropies = None
-        if compute_entropy:
-            full_entropy = -(full.exp() * full).sum(-1)
-            restricted_entropy = -(restricted.exp() * restricted.masked_fill(~in_set, 0.0)).sum(-1)
-            entropies = torch.where(constrained, restricted_entropy, full_entropy)
-        return logps, entropies
+        chosen = (allowed_ids == tokens.unsqueeze(-1)) & allowed
+        logps = torch.where(constrained, restricted.masked_fill(~chosen, 0.0).sum(-1), logps)
+        per_token = torch.zeros(read.shape, dtype=logps.dtype, device=logps.device)
+        per_token = per_token.masked_scatter(read, logps)
+        if not compute_entropy:
+            return per_token, None
+        full_entropy = -(full.exp() * full).sum(-1)
+        restricted_entropy = -(restricted.exp() * restricted.masked_fill(~in_set, 0.0)).sum(-1)
+        entropies = torch.zeros_like(per_token).masked_scatter(
+            read, torch.where(constrained, restricted_entropy, full_entropy)
+        )
+        return per_token, entropies
 
     def _compute_loss(self, model, inputs):
         prompt_ids, completion_ids = inputs["prompt_ids"], inputs["completion_ids"]
         input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
         attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-        logps, entropies = self._token_logps(
-            model, input_ids, attention_mask, completion_ids, inputs.get("allowed_ids"), compute_entropy=True
-        )
+        logps, entropies = self._token_logps(model, input_ids, attention_mask, inputs, compute_entropy=True)
         mode = "train" if self.model.training else "eval"
         # Token counts span the generation batch on all ranks; rescale to one accumulation window and
         # undo DDP's gradient averaging, exactly as TRL does for its DAPO loss.

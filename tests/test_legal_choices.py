@@ -201,7 +201,7 @@ def test_loss_scores_constrained_tokens_as_they_were_sampled(tmp_path, tiny, bac
     ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
     mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
     with torch.no_grad():
-        logps, entropies = trainer._token_logps(model, ids, mask, batch["completion_ids"], batch["allowed_ids"], True)
+        logps, entropies = trainer._token_logps(model, ids, mask, batch, compute_entropy=True)
     decision = (batch["allowed_ids"] >= 0).sum(-1) > 1
     torch.testing.assert_close(logps[decision], batch["sampling_logps"][decision], atol=1e-4, rtol=0)
     p = logps[decision].exp()
