@@ -267,7 +267,6 @@ class Interaction:
                 text = text[: text.index(s)]
         return text
 
-
     async def _scripted_reply(self, state: Any, choices: tuple[str, ...] | None = None) -> str:
         out = self.agent.config.policy(ScriptedTurn(list(self.trace.messages), self.task, state, choices))
         reply = await out if inspect.isawaitable(out) else out

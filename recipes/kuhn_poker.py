@@ -81,9 +81,11 @@ def main(argv=None) -> dict:
     p.add_argument("--groups-per-step", type=int, default=32, help="deals per step per process")
     p.add_argument("--lr", type=float, default=3e-4, help="Adam learning rate of the RL phase")
     p.add_argument("--warmup-lr", type=float, default=3e-3, help="learning rate of the sft warm-up")
-    p.add_argument("--entropy-coef", type=float, default=0.3,
-                   help="entropy bonus on the RL tokens (TRL's entropy_coef); over the two legal words it keeps "
-                        "self-play from collapsing to pure strategies (0 turns it off)")
+    p.add_argument("--entropy-coef", type=float, default=None,
+                   help="entropy bonus on the RL tokens (TRL's entropy_coef). Default 0.3 with the legal-action "
+                        "harness, where it is the entropy over the two legal words and keeps self-play from "
+                        "collapsing to pure strategies; 0 with --free-text, where it would spread mass over the "
+                        "whole vocabulary")
     p.add_argument("--free-text", action="store_true",
                    help="free-text replies (invalid ones re-prompted, then forfeited) instead of the legal-action harness")
     p.add_argument("--eval-every", type=int, default=10)
@@ -92,6 +94,8 @@ def main(argv=None) -> dict:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--report-to", nargs="*", default=[], help="trackers, e.g. wandb (WANDB_MODE=offline) or trackio")
     args = p.parse_args(argv)
+    if args.entropy_coef is None:
+        args.entropy_coef = 0.0 if args.free_text else 0.3
 
     config = ExperimentConfig.from_toml(args.config) if args.config else experiment(args)
     config.trainer.setdefault("output_dir", args.output_dir)
