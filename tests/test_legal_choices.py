@@ -155,12 +155,12 @@ def test_a_scripted_reply_outside_the_choices_fails_the_episode_with_a_clear_err
     assert not ep.ok and "not one of the choices" in ep.errors[0]
 
 
-def _kuhn_trainer(tmp_path, tiny, episodes):
+def _kuhn_trainer(tmp_path, tiny, episodes, **kw):
     from test_trainer import mixed_args
 
     model, tok = tiny
     experiment = {"algo": {"type": "grpo"}, "env": [{"id": "kuhn_poker", "args": {"legal_choices": True}}]}
-    return FixedRolloutTrainer(experiment, args=mixed_args(tmp_path), model=copy.deepcopy(model),
+    return FixedRolloutTrainer(experiment, args=mixed_args(tmp_path, **kw), model=copy.deepcopy(model),
                                processing_class=tok, episodes_for=lambda step: copy.deepcopy(episodes))
 
 
@@ -179,15 +179,17 @@ def _played_kuhn_episodes(backend):
     return episodes
 
 
-def test_loss_scores_constrained_tokens_as_they_were_sampled(tmp_path, tiny, backend):
+@pytest.mark.parametrize("entropy_coef", [0.0, 0.3])
+def test_loss_scores_constrained_tokens_as_they_were_sampled(tmp_path, tiny, backend, entropy_coef):
     """Collated Kuhn traces under the harness: the trainer's logprobs equal the sampling ones, forced
-    end-of-turn tokens carry no weight, and the gradient equals the directly written restricted PG loss."""
+    end-of-turn tokens carry no weight, and the gradient equals the directly written restricted PG loss
+    (minus the entropy bonus over the legal words, when it is on)."""
     from test_trainer import loss_and_grads, max_grad, max_grad_diff
 
     episodes = _played_kuhn_episodes(backend)
     assert all(ep.ok for ep in episodes)
     assert all(t.metrics["invalid_replies"] == 0 for ep in episodes for t in ep.traces)
-    trainer = _kuhn_trainer(tmp_path, tiny, episodes)
+    trainer = _kuhn_trainer(tmp_path, tiny, episodes, entropy_coef=entropy_coef)
     batch = trainer._generate_and_score_completions(None)
     assert "allowed_ids" in batch
     # one decision token per reply counts; the forced end-of-turn token does not
@@ -219,7 +221,9 @@ def test_loss_scores_constrained_tokens_as_they_were_sampled(tmp_path, tiny, bac
             full = torch.log_softmax(direct(torch.tensor([t.token_ids])).logits[0].float(), -1)
             for j, (token, allowed, a) in enumerate(zip(t.token_ids, t.allowed_token_ids, t.streams.rl)):
                 if allowed is not None and len(allowed) > 1:
-                    total = total - a * (full[j - 1, token] - torch.logsumexp(full[j - 1, allowed], -1))
+                    restricted = torch.log_softmax(full[j - 1, allowed], -1)
+                    total = total - a * restricted[allowed.index(token)]
+                    total = total - entropy_coef * -(restricted.exp() * restricted).sum()
     (total / decisions).backward()
     want = {n: q.grad for n, q in direct.named_parameters() if q.grad is not None}
     assert max_grad_diff(grads, want) < 1e-5
