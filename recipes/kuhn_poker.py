@@ -118,7 +118,8 @@ def main(argv=None) -> dict:
         "final_invalid_reply_rate": final["invalid_reply_rate"],
         "episodes": final["episodes"],
         "seconds": final["seconds"],
-        "report": kuhn.evaluation_report(kuhn.read_policy(trainer.accelerator.unwrap_model(trainer.model), trainer.tokenizer)),
+        "report": kuhn.evaluation_report(kuhn.read_policy(
+            trainer.accelerator.unwrap_model(trainer.model), trainer.tokenizer, legal_choices=legal_choices)),
         "avg_report": kuhn.evaluation_report(evaluation.average.table()) if len(evaluation.average) else None,
         "curve": evaluation.points,
     }

@@ -239,3 +239,27 @@ def test_teacher_scoring_and_json_keep_the_allowed_ids(backend, tiny):
             assert abs(scores[j] - lp) < 1e-4  # restricted like the sampling, forced tokens at 0
     back = mrl.Episode.from_json(json.dumps(json.loads(ep.to_json())))
     assert back == ep and back.traces[0].allowed_token_ids == trace.allowed_token_ids
+
+
+def test_read_policy_under_the_harness_is_the_policy_played(backend, tiny):
+    """Every sampled decision's probability equals the evaluation's table entry for its information state
+    (so the exploitability is computed from exactly the policy that plays)."""
+    from multiagent_rl.eval import kuhn
+
+    model, tok = tiny
+    table = kuhn.read_policy(model, tok, legal_choices=True)
+    assert all(abs(sum(row.values()) - 1) < 1e-6 for row in table.values())
+    checked = 0
+    for ep in _played_kuhn_episodes(backend):
+        for trace in ep.traces:
+            player = kp.ROLES.index(trace.agent)
+            history = tuple(trace.info["history"])
+            seen = [history[:i] for i in range(len(history)) if kp.to_act(history[:i]) == player]
+            decisions = [s for s in trace.segments if s.kind == "action"]
+            assert len(decisions) == len(seen)
+            for before, segment in zip(seen, decisions):
+                action = history[len(before)]
+                state = kuhn.InfoState(player, trace.info["card"], before)
+                assert abs(math.exp(segment.logprobs[0]) - table[state][action]) < 1e-4
+                checked += 1
+    assert checked > 40

@@ -502,13 +502,16 @@ def _single_token_actions(tokenizer, history: tuple[str, ...]) -> dict[int, str]
     return out
 
 
-def read_policy(model, tokenizer, reply_tokens: int = 1) -> PolicyTable:
-    """The model's action probabilities at all 12 information states, from one batched forward pass.
+def read_policy(model, tokenizer, reply_tokens: int = 1, legal_choices: bool = False) -> PolicyTable:
+    """The model's action probabilities at all 12 information states.
 
-    With one-token replies (the env's default) this is exact: the mass of every token that parses
-    to each legal action. With longer replies it is the probability of replying with exactly the
-    action word's tokens, a lower bound of the play-time probability. The mass not on legal
-    actions (``invalid_mass``) is what the model would spend on invalid replies.
+    ``legal_choices=True`` (the env's legal-action harness) reads exactly what the harness samples:
+    each legal word's token sequence (with the end-of-turn token) scored by the softmax over the
+    allowed ids at each step, so every row sums to 1. Otherwise (free text), with one-token replies
+    this is exact: the mass of every token that parses to each legal action, from one batched
+    forward pass; with longer replies it is the probability of replying with exactly the action
+    word's tokens, a lower bound of the play-time probability. The mass not on legal actions
+    (``invalid_mass``) is what the model would spend on invalid replies.
     """
     import torch
 
@@ -522,7 +525,10 @@ def read_policy(model, tokenizer, reply_tokens: int = 1) -> PolicyTable:
     model.eval()
     try:
         with torch.no_grad():
-            if reply_tokens == 1:
+            if legal_choices:
+                for s, c in zip(INFO_STATES, contexts):
+                    table[s] = _constrained_row(model, template, c, s.legal_actions, device)
+            elif reply_tokens == 1:
                 width = max(map(len, contexts))
                 ids = torch.full((len(contexts), width), tokenizer.pad_token_id, dtype=torch.long)
                 mask = torch.zeros_like(ids)
@@ -550,15 +556,34 @@ def read_policy(model, tokenizer, reply_tokens: int = 1) -> PolicyTable:
     return table
 
 
+def _constrained_row(model, template, context: list[int], actions: tuple[str, ...], device) -> dict[str, float]:
+    """P(each action) under the legal-action harness: restricted softmax, token by token."""
+    import torch
+
+    from ..agent import _next_ids
+
+    options = template.choice_ids(actions)
+    row = {}
+    for action, ids in options.items():
+        logits = model(input_ids=torch.tensor([context + ids], device=device)).logits[0, len(context) - 1 : -1].float()
+        logp = 0.0
+        for j, token in enumerate(ids):
+            allowed = _next_ids(options, ids[:j])
+            logp += (logits[j, token] - torch.logsumexp(logits[j, allowed], -1)).item()
+        row[action] = math.exp(logp)
+    return row
+
+
 # -- evaluation during training ---------------------------------------------------------------
 
 
 class KuhnEvaluation(TrainerCallback):
     """Exact evaluation at fixed steps: current and average policy exploitability, invalid replies.
 
-    With ``legal_choices=True`` (the env's legal-action harness) the policy played is each row
-    renormalised over the legal words, and that is what is averaged; ``invalid_mass`` then still
-    reports the mass the unconstrained model puts elsewhere, as a diagnostic only.
+    With ``legal_choices=True`` (the env's legal-action harness) the policy is read as the harness
+    plays it (``read_policy(..., legal_choices=True)``), and that is what is averaged;
+    ``invalid_mass`` then still reports the mass the unconstrained model puts on other tokens, as a
+    diagnostic only.
     """
 
     def __init__(
@@ -577,8 +602,9 @@ class KuhnEvaluation(TrainerCallback):
         if step % self.every and step != state.max_steps:
             return
         trainer = self.trainer
-        raw = read_policy(trainer.accelerator.unwrap_model(trainer.model), trainer.tokenizer, self.reply_tokens)
-        table = {s: normalized(raw, s) for s in INFO_STATES} if self.legal_choices else raw
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        table = read_policy(model, trainer.tokenizer, self.reply_tokens, legal_choices=self.legal_choices)
+        raw = read_policy(model, trainer.tokenizer, self.reply_tokens) if self.legal_choices else table
         if step >= self.start_step:
             # Linear averaging (as in CFR+): later, better policies weigh more than early ones.
             self.average.add(table, weight=len(self.average) + 1)
