@@ -1,6 +1,6 @@
 """Kuhn poker self-play, measured exactly.
 
-    python recipes/kuhn_poker.py                       # tiny model, CPU, rae, ~8 minutes on 2 cores
+    python recipes/kuhn_poker.py                       # tiny model, CPU, rae, ~10 minutes on 2 cores
     accelerate launch recipes/kuhn_poker.py --model Qwen/Qwen2.5-0.5B-Instruct
 
 One policy plays both seats. Every reply goes through the legal-action harness: it is constrained

@@ -13,7 +13,7 @@ def test_default_recipe_beats_uniform_play(tmp_path):
     import kuhn_poker
 
     # The default recipe (500 steps: 100 sft warm-up + 400 rae with the entropy bonus, legal-action
-    # harness), about 8 minutes alone on 2 cores. Measured over seeds 0-2: docs/kuhn_poker_results.md.
+    # harness), about 11 minutes on 2 cores (676 s measured, sharing them with a second run). Measured over seeds 0-2: docs/kuhn_poker_results.md.
     summary = kuhn_poker.main(["--eval-every", "20", "--output-dir", str(tmp_path)])
     uniform = 11 / 24
     assert summary["legal_choices"] and summary["final_invalid_reply_rate"] == 0.0
