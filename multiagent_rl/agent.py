@@ -283,7 +283,7 @@ class Interaction:
             if reply not in options:
                 raise ValueError(f"scripted policy replied {reply!r}, which is not one of the choices {list(choices)}")
             ids = options[reply]
-            trace.append("action", ids, allowed=[_next_ids(options, ids[:i]) for i in range(len(ids))])
+            trace.append("action", ids, allowed=choice_steps(options, ids))
         else:
             ids, logprobs, allowed = [], [], []
             while (reply := next((c for c, o in options.items() if o == ids), None)) is None:
@@ -308,6 +308,11 @@ def _next_ids(options: dict[str, list[int]], prefix: list[int]) -> list[int]:
     """The token ids that continue ``prefix`` towards some option."""
     n = len(prefix)
     return sorted({o[n] for o in options.values() if len(o) > n and o[:n] == prefix})
+
+
+def choice_steps(options: dict[str, list[int]], ids: list[int]) -> list[list[int]]:
+    """Per token of the option ``ids``, the ids a constrained reply could pick at that step."""
+    return [_next_ids(options, ids[:i]) for i in range(len(ids))]
 
 
 # -- building agents ------------------------------------------------------------------------------

@@ -527,7 +527,7 @@ def read_policy(model, tokenizer, reply_tokens: int = 1, legal_choices: bool = F
         with torch.no_grad():
             if legal_choices:
                 for s, c in zip(INFO_STATES, contexts):
-                    table[s] = _constrained_row(model, template, c, s.legal_actions, device)
+                    table[s] = _constrained_row(model, template, c, s.legal_actions)
             elif reply_tokens == 1:
                 width = max(map(len, contexts))
                 ids = torch.full((len(contexts), width), tokenizer.pad_token_id, dtype=torch.long)
@@ -556,21 +556,16 @@ def read_policy(model, tokenizer, reply_tokens: int = 1, legal_choices: bool = F
     return table
 
 
-def _constrained_row(model, template, context: list[int], actions: tuple[str, ...], device) -> dict[str, float]:
+def _constrained_row(model, template, context: list[int], actions: tuple[str, ...]) -> dict[str, float]:
     """P(each action) under the legal-action harness: restricted softmax, token by token."""
-    import torch
-
-    from ..agent import _next_ids
+    from ..agent import choice_steps
+    from ..scoring import token_logprobs
 
     options = template.choice_ids(actions)
     row = {}
     for action, ids in options.items():
-        logits = model(input_ids=torch.tensor([context + ids], device=device)).logits[0, len(context) - 1 : -1].float()
-        logp = 0.0
-        for j, token in enumerate(ids):
-            allowed = _next_ids(options, ids[:j])
-            logp += (logits[j, token] - torch.logsumexp(logits[j, allowed], -1)).item()
-        row[action] = math.exp(logp)
+        (scores,) = token_logprobs(model, [context + ids], allowed=[[None] * len(context) + choice_steps(options, ids)])
+        row[action] = math.exp(sum(scores[len(context) :]))
     return row
 
 
