@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import random
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -70,6 +71,10 @@ class TurnLimitReached(RuntimeError):
     """Raised by ``Interaction.send`` past the harness's ``max_turns``."""
 
 
+class ReplyTimeout(TimeoutError):
+    """Raised by ``Interaction.send`` when a reply takes longer than the agent's per-reply ``timeout``."""
+
+
 @dataclass
 class ScriptedTurn:
     """What a scripted policy sees: the chat so far, the task and the env's structured state."""
@@ -79,6 +84,10 @@ class ScriptedTurn:
     state: Any = None
     choices: tuple[str, ...] | None = None
     """The replies the env allows this turn (``send(..., choices=...)``); None = free text."""
+    rng: random.Random = field(default_factory=random.Random)
+    """This seat's random stream for the episode. Under a trainer it is seeded from the run's seed, the
+    episode id and the role, so scripted randomness is reproducible and resumes exactly; draw from it
+    instead of keeping a generator of your own."""
 
 
 class ChatTemplate:
@@ -100,6 +109,13 @@ class ChatTemplate:
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
 
     def encode(self, text: str) -> list[int]:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValueError(
+                f"text cannot be encoded as UTF-8 ({exc.reason} at position {exc.start}: {text[exc.start:exc.end]!r}); "
+                "remove lone surrogates, e.g. text.encode('utf-8', 'replace').decode()"
+            ) from None
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def prompt_ids(self, messages: list[dict[str, Any]]) -> list[int]:
@@ -177,9 +193,12 @@ class Agent:
     async def __aexit__(self, *exc) -> None:
         return None
 
-    def interaction(self, task: Task, **sampling_overrides) -> Interaction:
-        """Turn-by-turn control: ``reply = await it.send(user_text)``; ``it.trace`` is the run so far."""
-        return Interaction(self, task, self.config.sampling.with_overrides(**sampling_overrides))
+    def interaction(self, task: Task, rng: random.Random | None = None, **sampling_overrides) -> Interaction:
+        """Turn-by-turn control: ``reply = await it.send(user_text)``; ``it.trace`` is the run so far.
+
+        ``rng`` is handed to a scripted policy as ``turn.rng`` (default: a fresh unseeded generator).
+        """
+        return Interaction(self, task, self.config.sampling.with_overrides(**sampling_overrides), rng)
 
     async def run(self, task: Task, **sampling_overrides) -> Trace:
         """Single-turn chat on the task's prompt: one reply, one trace."""
@@ -191,12 +210,15 @@ class Agent:
 class Interaction:
     """A conversation between the environment (as the user) and one agent."""
 
-    def __init__(self, agent: Agent, task: Task, sampling: SamplingParams):
+    def __init__(self, agent: Agent, task: Task, sampling: SamplingParams, rng: random.Random | None = None):
         self.agent = agent
         self.task = task
         self.sampling = sampling
+        self.rng = rng if rng is not None else random.Random()
         self.trace = Trace(model=agent.model_id)
         self.turns = 0
+        self.waiting = False
+        """True while a reply is being produced (an episode timeout names the roles it was waiting for)."""
         self._reply_ended_turn = True
         self._on_close: list[Callable[[Trace], None]] = []
 
@@ -240,7 +262,16 @@ class Interaction:
             trace.append("observation", agent.template.user_turn_ids(text, self._reply_ended_turn))
         params = self.sampling.with_overrides(**sampling_overrides)
         reply_coro = self._reply(params, state) if choices is None else self._choose(params, state, tuple(choices))
-        reply = await asyncio.wait_for(reply_coro, timeout=agent.config.timeout)
+        self.waiting = True  # stays True if the episode is cancelled meanwhile: its timeout names this seat
+        try:
+            reply = await asyncio.wait_for(reply_coro, timeout=agent.config.timeout)
+        except asyncio.TimeoutError:
+            self.waiting = False
+            raise ReplyTimeout(
+                f"role {trace.agent!r} ({agent.model_id}): no reply within {agent.config.timeout:g} s "
+                "(the per-reply timeout: `timeout` of the role's config)"
+            ) from None
+        self.waiting = False
         self.turns += 1
         trace.messages.append({"role": "assistant", "content": reply})
         trace.last_reply = reply
@@ -258,7 +289,7 @@ class Interaction:
             self._reply_ended_turn = bool(agent.template.eos_text) and ids[-1:] == [tok.eos_token_id]
             return tok.decode(ids, skip_special_tokens=True)
         gen = await agent.backend.generate(trace.token_ids, params)
-        trace.append("action", gen.token_ids, gen.logprobs)
+        trace.append("action", gen.token_ids, gen.logprobs, temperature=params.temperature)
         # Only the template's own end-of-turn token closes the turn; any other stop token is followed by the full close.
         self._reply_ended_turn = bool(agent.template.eos_text) and gen.token_ids[-1:] == [tok.eos_token_id]
         text = tok.decode(gen.token_ids, skip_special_tokens=True)
@@ -268,7 +299,7 @@ class Interaction:
         return text
 
     async def _scripted_reply(self, state: Any, choices: tuple[str, ...] | None = None) -> str:
-        out = self.agent.config.policy(ScriptedTurn(list(self.trace.messages), self.task, state, choices))
+        out = self.agent.config.policy(ScriptedTurn(list(self.trace.messages), self.task, state, choices, self.rng))
         reply = await out if inspect.isawaitable(out) else out
         if not isinstance(reply, str):
             raise TypeError(f"scripted policy must return str, got {type(reply).__name__}")
@@ -299,7 +330,7 @@ class Interaction:
                 ids.append(token)
                 logprobs.append(logprob)
                 allowed.append(candidates)
-            trace.append("action", ids, logprobs, allowed=allowed)
+            trace.append("action", ids, logprobs, allowed=allowed, temperature=params.temperature)
         self._reply_ended_turn = bool(agent.template.eos_text) and ids[-1:] == [agent.tokenizer.eos_token_id]
         return reply
 
@@ -356,12 +387,24 @@ def make_agent(config: AgentConfig | dict, *, policy_backend: GenerationBackend 
 
 @dataclass
 class Seat:
-    """An agent as one episode sees it: its role name, trainability, and where finished runs go."""
+    """An agent as one episode sees it: its role name, trainability, and where finished runs go.
+
+    ``seed`` (a string, e.g. the run seed and the episode id) seeds each interaction's ``rng``, the
+    random stream a scripted policy draws from, so an episode's scripted moves do not depend on
+    which other episodes ran before it.
+    """
 
     agent: Agent
     role: str
     trainable: bool
     sink: list[Trace] = field(default_factory=list)
+    seed: str | None = None
+    interactions: list[Interaction] = field(default_factory=list)
+
+    @property
+    def waiting(self) -> bool:
+        """Whether this seat is producing a reply right now."""
+        return any(it.waiting for it in self.interactions)
 
     def _stamp(self, trace: Trace) -> None:
         if not trace.segments and trace.error is None:
@@ -370,7 +413,9 @@ class Seat:
         self.sink.append(trace)
 
     def interaction(self, task: Task, **sampling_overrides) -> Interaction:
-        it = self.agent.interaction(task, **sampling_overrides)
+        rng = None if self.seed is None else random.Random(f"{self.seed}/{self.role}/{len(self.interactions)}")
+        it = self.agent.interaction(task, rng=rng, **sampling_overrides)
+        self.interactions.append(it)
         it.trace.agent = self.role
         it._on_close.append(self._stamp)
         return it

@@ -26,14 +26,19 @@ the fix.
 
 from __future__ import annotations
 
+import difflib
+import functools
 import importlib
 import tomllib
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any, Callable
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic import model_validator
 
 from .algorithms import ALGORITHMS, AlgorithmConfig, parse_algorithm_config
+from .backends.base import SamplingParams
 
 ENVS: dict[str, str] = {
     "kuhn_poker": "multiagent_rl.envs.kuhn_poker:KuhnPokerEnv",
@@ -68,7 +73,8 @@ class RoleConfig(_Strict):
     model: str = "policy"
     """``"policy"`` (the model being trained), a frozen model (``"tiny"``, a hub id or a local path) or ``"scripted"``."""
     trainable: bool | None = None
-    """Whether this seat's traces are trained on; default: True for ``policy`` seats, False otherwise."""
+    """Whether this seat's traces are trained on; default: True for ``policy`` seats and for seats that name
+    their own ``algo`` (e.g. a scripted seat with ``algo = {type = "sft"}``), False otherwise."""
     algo: OptionalAlgorithm = None
     """This role's algorithm; default: the environment's, then the experiment's."""
     policy: Callable[..., Any] | str | None = None
@@ -76,7 +82,9 @@ class RoleConfig(_Strict):
     policy_args: dict[str, Any] = Field(default_factory=dict)
     """Arguments of the scripted policy factory."""
     sampling: dict[str, Any] = Field(default_factory=dict)
-    """Sampling overrides for this seat (``temperature``, ``max_new_tokens``, ...)."""
+    """Sampling overrides for this seat (``temperature``, ``max_new_tokens``, ...; see ``SamplingParams``)."""
+    timeout: float | None = Field(None, gt=0)
+    """Seconds one reply of this seat may take (a per-reply timeout); None: only the episode's timeout applies."""
 
     @model_validator(mode="after")
     def _check(self):
@@ -84,11 +92,19 @@ class RoleConfig(_Strict):
             raise ValueError("model='scripted' needs `policy` (a function, or 'package.module:factory')")
         if self.model != "scripted" and self.policy is not None:
             raise ValueError(f"`policy` is only for scripted seats; this seat has model={self.model!r}")
+        if self.trainable is False and self.algo is not None:
+            raise ValueError(
+                f"the seat names algo {self.algo.type!r} but trainable = false, so the algorithm would never run; "
+                "remove `algo` or set trainable = true"
+            )
+        SamplingParams(**self.sampling)  # unknown keys and bad values fail here, naming the key
         return self
 
     @property
     def is_trainable(self) -> bool:
-        return self.model == "policy" if self.trainable is None else self.trainable
+        if self.trainable is not None:
+            return self.trainable
+        return self.model == "policy" or self.algo is not None
 
     def scripted_policy(self) -> Callable[..., Any]:
         if callable(self.policy):
@@ -120,7 +136,8 @@ class EnvConfig(_Strict):
     stop_step: int | None = Field(None, ge=1)
     """Step from which it is no longer sampled (e.g. an SFT warm-up phase); None = never stops."""
     timeout: float | None = Field(None, gt=0)
-    """Seconds one episode may take before it is recorded as failed."""
+    """Seconds one episode may take before it is recorded as failed; None: the default
+    (``multiagent_rl.env.DEFAULT_EPISODE_TIMEOUT``, 600 s); ``inf``: no limit."""
 
     @model_validator(mode="after")
     def _check(self):
@@ -164,33 +181,81 @@ class ExperimentConfig(_Strict):
     def _algo(cls, v):
         return parse_algorithm_config(v)
 
+    @field_validator("trainer")
+    @classmethod
+    def _trainer(cls, v: dict[str, Any]) -> dict[str, Any]:
+        for key, value in v.items():
+            check_trainer_field(key, value)
+        return v
+
     @model_validator(mode="after")
     def _check(self):
         if not self.env:
             raise ValueError("the experiment needs at least one [[env]]")
+        temperature = self.trainer.get("temperature", 1.0)
+        if temperature <= 0:
+            raise ValueError(
+                f"[trainer] temperature = {temperature}: the policy's seats are trained on their samples, which "
+                "needs temperature > 0 (greedy decoding is for evaluation; frozen seats may use 0)"
+            )
         for i, env in enumerate(self.env):
             for role, rc in env.roles.items():
-                algo = self.algorithm_for(env, role)
-                where = f"env[{i}] ({env.id}) role {role!r}"
-                if not rc.is_trainable:
-                    continue
-                spec = ALGORITHMS[algo.type]
-                if spec.samples_from_policy and rc.model != "policy":
-                    raise ValueError(
-                        f"{where}: algo {algo.type!r} trains on the policy's own samples but the seat is played by "
-                        f"{rc.model!r}; set trainable = false, bind model = 'policy', or use algo 'sft' to imitate it"
-                    )
-                if not spec.samples_from_policy and rc.model == "policy":
-                    raise ValueError(
-                        f"{where}: algo {algo.type!r} imitates a frozen teacher or scripted agent, but the seat samples "
-                        f"from the policy; bind the seat to a frozen model or scripted policy, or choose an RL algorithm"
-                    )
-            if not env.roles and not ALGORITHMS[self.algorithm_for(env, None).type].samples_from_policy:
+                self.check_seat(i, role, rc)
+            default = self.algorithm_for(env, None)
+            if not env.roles and not ALGORITHMS[default.type].samples_from_policy:
                 raise ValueError(
-                    f"env[{i}] ({env.id}): algo {self.algorithm_for(env, None).type!r} needs [env.roles.NAME] bound to "
-                    f"a frozen model or scripted policy; unlisted seats play the policy"
+                    f"env[{i}] ({env.name or env.id}): algo {default.type!r} needs [env.roles.NAME] bound to a frozen "
+                    "model or scripted policy; unlisted seats play the policy"
                 )
         return self
+
+    def check_seat(self, env_index: int, role: str, rc: RoleConfig | None) -> None:
+        """Raise a ValueError naming the key and the fix when seat ``role`` of env ``env_index`` cannot train.
+
+        ``rc`` None is a seat the config does not list: it plays the policy with the env's algorithm.
+        """
+        env = self.env[env_index]
+        rc = rc if rc is not None else RoleConfig()
+        where = f"env[{env_index}] ({env.name or env.id}) role {role!r}"
+        if not rc.is_trainable:
+            return
+        algo = self.algorithm_for(env, role)
+        spec = ALGORITHMS[algo.type]
+        listed = f"[env.roles.{role}]"
+        if spec.samples_from_policy and rc.model != "policy":
+            raise ValueError(
+                f"{where}: algo {algo.type!r} trains on the policy's own samples but the seat is played by "
+                f"{rc.model!r}; set trainable = false, bind model = 'policy', or use algo 'sft' to imitate it"
+            )
+        if not spec.samples_from_policy and rc.model == "policy":
+            raise ValueError(
+                f"{where}: algo {algo.type!r} imitates a frozen teacher or scripted agent, but the seat samples "
+                f"from the policy; bind the seat in {listed} to a frozen model or scripted policy, or choose an "
+                "RL algorithm"
+            )
+        if env.group_size == 1 and spec.needs_group(algo, role):
+            raise ValueError(
+                f"{where}: algo {algo.type!r} compares the episodes of a task group, but group_size = 1, so every "
+                "advantage would be 0; set group_size >= 2 or use 'rae' (a running baseline needs no group)"
+            )
+        temperature = rc.sampling.get("temperature")
+        if rc.model == "policy" and temperature is not None and temperature <= 0:
+            raise ValueError(
+                f"{where}: {listed} sampling.temperature = {temperature}, but the seat is trained on its samples, "
+                "which needs temperature > 0 (greedy decoding is for evaluation; frozen seats may use 0)"
+            )
+
+    def check_env_seats(self, env_index: int, seats: Iterable[str]) -> None:
+        """Check env ``env_index`` against the seats its environment really has (listed or not)."""
+        env = self.env[env_index]
+        seats = tuple(seats)
+        unknown = set(env.roles) - set(seats)
+        if unknown:
+            raise ValueError(
+                f"env {env.name or env.id!r} has seats {list(seats)}; [env.roles] names unknown {sorted(unknown)}"
+            )
+        for role in seats:
+            self.check_seat(env_index, role, env.roles.get(role))
 
     def algorithm_for(self, env: EnvConfig, role: str | None) -> AlgorithmConfig:
         rc = env.roles.get(role) if role is not None else None
@@ -201,3 +266,40 @@ class ExperimentConfig(_Strict):
         with open(path, "rb") as f:
             data = tomllib.load(f)
         return cls.model_validate(data)
+
+
+@functools.lru_cache(maxsize=1)
+def _trainer_fields() -> dict[str, Any]:
+    import typing
+
+    from .trainer import MixedAlgorithmConfig  # TRL is imported only when [trainer] has fields to check
+
+    return typing.get_type_hints(MixedAlgorithmConfig)
+
+
+@functools.lru_cache(maxsize=None)
+def _adapter(key: str) -> TypeAdapter | None:
+    try:
+        return TypeAdapter(_trainer_fields()[key])
+    except Exception:  # an annotation pydantic cannot check: leave it to TRL
+        return None
+
+
+def check_trainer_field(key: str, value: Any) -> None:
+    """Raise a ValueError naming ``[trainer] key`` when it is not a field of ``MixedAlgorithmConfig`` or has the
+    wrong type (strictly: ``"1e-4"`` is not a float)."""
+    fields = _trainer_fields()
+    if key not in fields:
+        close = difflib.get_close_matches(key, list(fields), n=3)
+        hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+        raise ValueError(f"[trainer] {key!r} is not a field of MixedAlgorithmConfig (a TRL GRPOConfig){hint}")
+    adapter = _adapter(key)
+    if adapter is None:
+        return
+    try:
+        adapter.validate_python(value, strict=True)
+    except ValidationError:
+        raise ValueError(
+            f"[trainer] {key} = {value!r} ({type(value).__name__}) is not a valid {fields[key]}; "
+            "write numbers without quotes"
+        ) from None

@@ -17,7 +17,10 @@ role and trainability, and an exception or timeout inside one episode is recorde
 from __future__ import annotations
 
 import asyncio
+import logging
+import math
 import random
+import time
 import traceback
 import uuid
 from collections.abc import Callable, Sequence
@@ -27,6 +30,15 @@ from .agent import Agent, Seat
 from .episode import Episode
 from .task import Task, TaskData
 from .trace import Trace
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_EPISODE_TIMEOUT = 600.0
+"""Seconds one episode may take by default before it is recorded as failed (``math.inf`` or None: no limit)."""
+
+BLOCKING_WARNING_SECONDS = 1.0
+"""An environment whose code runs this long without yielding to the event loop gets a warning: it stalls
+every concurrent episode (and no timeout can interrupt it). Run blocking work with ``asyncio.to_thread``."""
 
 
 class Env:
@@ -46,8 +58,21 @@ class Env:
         """Called after ``run`` with the complete episode: a place for rewards that need every trace."""
 
     def sample_tasks(self, num: int, rng: random.Random) -> list[Task]:
-        """Tasks for training; environments with a dataset or a generator override this."""
-        raise NotImplementedError(f"{type(self).__name__} has no task source: override sample_tasks()")
+        """Tasks for training; environments with a dataset or a generator override this.
+
+        Draw every random choice from ``rng`` (the trainer saves and restores it with checkpoints);
+        keep any other sampler state in :meth:`state_dict`.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} has no task source: override sample_tasks(num, rng) to train on it"
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-able state of the task sampler (e.g. a curriculum) saved in checkpoints. Default: none."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned. Default: nothing."""
 
     async def play(
         self,
@@ -57,24 +82,50 @@ class Env:
         trainable: dict[str, bool] | None = None,
         group: str = "",
         episode_id: str | None = None,
-        timeout: float | None = None,
+        timeout: float | None = DEFAULT_EPISODE_TIMEOUT,
+        seed: str | None = None,
+        name: str | None = None,
     ) -> Episode:
-        """Run one episode, isolating failures. Never raises for errors inside the episode."""
+        """Run one episode, isolating failures. Never raises for errors inside the episode.
+
+        ``timeout`` bounds the whole episode in seconds (None or ``math.inf``: no limit). ``seed``
+        seeds the random streams scripted seats draw from (``ScriptedTurn.rng``). ``name`` labels the
+        episode and its errors (default: the env's ``name``; the trainer passes the config's label).
+        """
+        name = name or self.name
         missing = set(self.roles) - set(agents)
         if missing:
             raise ValueError(f"{type(self).__name__} needs agents for seats {sorted(missing)}; got {sorted(agents)}")
         trainable = trainable or {}
-        episode = Episode(id=episode_id or uuid.uuid4().hex[:12], task=task, group=group, env=self.name)
-        seats = {role: Seat(agents[role], role, trainable.get(role, False), episode.traces) for role in self.roles}
+        episode = Episode(id=episode_id or uuid.uuid4().hex[:12], task=task, group=group, env=name)
+        seats = {
+            role: Seat(agents[role], role, trainable.get(role, False), episode.traces,
+                       seed=None if seed is None else f"{seed}/{episode.id}")
+            for role in self.roles
+        }
+        limit = None if timeout is None or math.isinf(timeout) else timeout
+        deadline = asyncio.timeout(limit)
         try:
-            await asyncio.wait_for(self.run(task, seats), timeout=timeout)
+            async with deadline:
+                await _WatchBlocking(self.run(task, seats), name)
+            started = time.perf_counter()
             self.finalize(task, episode)
+            _warn_if_blocking(name, time.perf_counter() - started, "finalize()")
+            problems = [p for t in episode.traces if (p := t.reward_problem())]
+            if problems:
+                raise ValueError("; ".join(problems))
         except Exception as exc:  # one broken episode is recorded, never fatal to the run
             episode.ok = False
-            kind = "timeout" if isinstance(exc, (asyncio.TimeoutError, TimeoutError)) else type(exc).__name__
-            episode.errors.append(f"{kind}: {exc}\n{traceback.format_exc(limit=4)}")
+            if deadline.expired():
+                waiting = sorted(role for role, seat in seats.items() if seat.waiting)
+                on = f", waiting for a reply from {', '.join(map(repr, waiting))}" if waiting else ""
+                episode.errors.append(
+                    f"env {name!r}: episode timed out after {limit:g} s{on} (the env's `timeout`; "
+                    f"default {DEFAULT_EPISODE_TIMEOUT:g} s)"
+                )
+            else:
+                episode.errors.append(f"env {name!r}: {format_error(exc)}")
         return episode
-
 
 class SingleAgentEnv(Env):
     """One seat, one reply per task, a reward function: a plain task set as an environment.
@@ -112,13 +163,21 @@ async def play_episodes(
     group_size: int = 1,
     trainable: dict[str, bool] | None = None,
     max_concurrency: int = 256,
-    timeout: float | None = None,
+    timeout: float | None = DEFAULT_EPISODE_TIMEOUT,
     progress: bool | str = False,
+    seed: str | None = None,
+    groups: Sequence[str] | None = None,
+    name: str | None = None,
 ) -> list[Episode]:
     """Play ``len(tasks) × group_size`` episodes concurrently (at most ``max_concurrency`` at a time).
 
-    Episodes of the same task share ``episode.group``; the result keeps task order, then group order.
+    Episodes of the same task share ``episode.group`` (``groups[i]`` for task i, default a random id)
+    and are numbered ``f"{group}-{k}"``; the result keeps task order, then group order. ``timeout``
+    bounds each episode (default :data:`DEFAULT_EPISODE_TIMEOUT`; None: no limit); ``seed`` makes
+    scripted seats' random streams reproducible; ``name`` labels the episodes.
     """
+    if groups is not None and len(groups) != len(tasks):
+        raise ValueError(f"groups names {len(groups)} groups for {len(tasks)} tasks")
     from tqdm.auto import tqdm
 
     semaphore = asyncio.Semaphore(max_concurrency)
@@ -128,13 +187,13 @@ async def play_episodes(
     async def one(task: Task, group: str, k: int) -> Episode:
         async with semaphore:
             ep = await env.play(task, agents, trainable=trainable, group=group, episode_id=f"{group}-{k}",
-                                timeout=timeout)
+                                timeout=timeout, seed=seed, name=name)
         bar.update(1)
         return ep
 
     jobs = []
-    for task in tasks:
-        group = uuid.uuid4().hex[:10]
+    for i, task in enumerate(tasks):
+        group = groups[i] if groups is not None else uuid.uuid4().hex[:10]
         jobs += [one(task, group, k) for k in range(group_size)]
     try:
         return list(await asyncio.gather(*jobs))
@@ -146,10 +205,63 @@ def run_sync(coro):
     """Run a coroutine from sync code, also where an event loop is already running (Jupyter, Colab)."""
     try:
         asyncio.get_running_loop()
+        in_loop = True
     except RuntimeError:
+        in_loop = False
+    if not in_loop:  # outside the except block, so errors raised inside carry no "no running event loop" context
         return asyncio.run(coro)
     # A notebook's loop is busy running the cell: run ours in a worker thread with its own loop.
     import concurrent.futures
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
         return pool.submit(asyncio.run, coro).result()
+
+
+def format_error(exc: BaseException, frames: int = 5) -> str:
+    """``"Type: message"`` plus the innermost ``frames`` of the traceback, without chained exceptions."""
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-frames, chain=False))
+    return f"{type(exc).__name__}: {exc}\n{tb}"
+
+
+_warned_blocking: set[str] = set()
+
+
+def _warn_if_blocking(env: str, seconds: float, where: str) -> None:
+    if seconds >= BLOCKING_WARNING_SECONDS and env not in _warned_blocking:
+        _warned_blocking.add(env)
+        logger.warning(
+            "env %r: %s ran %.1f s without yielding to the event loop; every concurrent episode waited and no "
+            "timeout can interrupt it. Await slow work (`await asyncio.to_thread(fn, ...)`) instead of blocking. "
+            "(Warned once per env.)", env, where, seconds,
+        )
+
+
+class _WatchBlocking:
+    """Drive a coroutine step by step, timing how long each step runs before it yields.
+
+    The time a step takes is time the event loop was blocked by this coroutine's own synchronous
+    code (requests awaited on a backend run elsewhere), so a slow step is attributed to its env.
+    """
+
+    def __init__(self, coro, env: str):
+        self.coro, self.env = coro, env
+
+    def __await__(self):
+        it = self.coro.__await__()
+        send, value = it.send, None
+        while True:
+            started = time.perf_counter()
+            try:
+                yielded = send(value)
+            except StopIteration as stop:
+                _warn_if_blocking(self.env, time.perf_counter() - started, "run()")
+                return stop.value
+            _warn_if_blocking(self.env, time.perf_counter() - started, "run()")
+            try:
+                value = yield yielded
+                send = it.send
+            except GeneratorExit:
+                it.close()
+                raise
+            except BaseException as exc:  # cancellation and other exceptions thrown in go to the coroutine
+                value, send = exc, it.throw

@@ -137,10 +137,35 @@ def resolve_model(model_id: str) -> str:
     return str(tiny_model_path()) if model_id == TINY else model_id
 
 
+class ModelNotFoundError(OSError):
+    """A model id that is neither ``"tiny"``, a local model folder nor a Hub model that could be fetched."""
+
+
+def _not_found(model_id: str, exc: Exception) -> ModelNotFoundError:
+    path = Path(model_id).expanduser()
+    looks_local = model_id.startswith((".", "/", "~")) or path.exists()
+    if looks_local:
+        tried = (f"the local folder {str(path.resolve())!r} " +
+                 ("has no loadable model files" if path.exists() else "does not exist"))
+    else:
+        offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false", "False")
+        tried = (f"no local folder {model_id!r}; the Hugging Face Hub id {model_id!r} is not in the local cache"
+                 + (" and HF_HUB_OFFLINE is set, so it was not downloaded" if offline else " and could not be fetched"))
+    return ModelNotFoundError(
+        f"model {model_id!r} could not be loaded: {tried}. Use 'tiny' (the embedded model), a local folder with "
+        f"config.json and weights, or a Hub id (check the spelling; a download needs network). Cause: "
+        f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    )
+
+
 def load_tokenizer(model_id: str):
+    """The tokenizer of ``model_id`` (``"tiny"``, a Hub id or a local path), with a pad token."""
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(resolve_model(model_id))
+    try:
+        tok = AutoTokenizer.from_pretrained(resolve_model(model_id))
+    except OSError as exc:
+        raise _not_found(model_id, exc) from None
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return tok
@@ -159,5 +184,8 @@ def load_model_and_tokenizer(model_id: str, *, dtype=None, device=None):
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if dtype is None:
         dtype = torch.bfloat16 if str(device).startswith("cuda") and torch.cuda.is_bf16_supported() else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+    except OSError as exc:
+        raise _not_found(model_id, exc) from None
     return model, load_tokenizer(model_id)

@@ -43,6 +43,7 @@ def token_logprobs(
     sequences: list[list[int]],
     batch_size: int = 16,
     allowed: list[list[list[int] | None]] | None = None,
+    temperatures: list[list[float | None]] | None = None,
 ) -> list[list[float | None]]:
     """Log-probability of every token of every sequence given its prefix.
 
@@ -53,6 +54,9 @@ def token_logprobs(
         allowed: per sequence, per token, the ids a constrained choice allowed (``None``: the
             whole vocabulary), e.g. ``trace.allowed_token_ids``; such a token is scored with the
             softmax over its allowed ids, as the policy sampled it.
+        temperatures: per sequence, per token, the softmax temperature to score it at (``None``:
+            1.0), e.g. ``trace.token_temperatures``, so a teacher is read at the temperature the
+            policy sampled (and is trained) at.
 
     Returns:
         one list per sequence, aligned with it: ``[None, log p(t1|t0), log p(t2|t0 t1), ...]``.
@@ -94,7 +98,11 @@ def token_logprobs(
                 for row, i in enumerate(idx):
                     n = len(sequences[i])
                     # one row at a time keeps the float32 copy of the logits to (n, vocab)
-                    logp = torch.log_softmax(logits[row, : n - 1].float(), dim=-1)
+                    scaled = logits[row, : n - 1].float()
+                    if temperatures is not None:
+                        temps = [1.0 if x is None else float(x) for x in temperatures[i][1:n]]
+                        scaled = scaled / torch.tensor(temps, device=scaled.device).unsqueeze(-1)
+                    logp = torch.log_softmax(scaled, dim=-1)
                     picked = logp.gather(-1, input_ids[row, 1:n].unsqueeze(-1)).squeeze(-1)
                     scores = [None, *picked.cpu().tolist()]
                     for j, ids in enumerate(allowed[i] if allowed is not None else ()):

@@ -12,7 +12,9 @@ collator turns them into tensors.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from numbers import Real
 from typing import Any, Literal
 
 SegmentKind = Literal["prompt", "action", "observation"]
@@ -32,6 +34,8 @@ class Segment:
     token_ids: list[int]
     logprobs: list[float] | None = None
     allowed: list[list[int] | None] | None = None
+    temperature: float | None = None
+    """Sampling temperature of an action sampled by a model (the loss scores it at the same one)."""
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -109,6 +113,11 @@ class Trace:
         return [s.kind for s in self.segments for _ in s.token_ids]
 
     @property
+    def token_temperatures(self) -> list[float | None]:
+        """Per token, the temperature it was sampled at (``None``: not sampled by a model)."""
+        return [s.temperature for s in self.segments for _ in s.token_ids]
+
+    @property
     def sampling_logprobs(self) -> list[float | None]:
         out: list[float | None] = []
         for s in self.segments:
@@ -138,14 +147,16 @@ class Trace:
         token_ids: list[int],
         logprobs: list[float] | None = None,
         allowed: list[list[int] | None] | None = None,
+        temperature: float | None = None,
     ) -> None:
-        """Append tokens, merging with the last segment when it has the same kind."""
+        """Append tokens, merging with the last segment when it has the same kind and sampling temperature."""
         if not token_ids:
             return
         new = Segment(kind, list(token_ids), None if logprobs is None else list(logprobs),
-                      None if allowed is None else [None if a is None else list(a) for a in allowed])
+                      None if allowed is None else [None if a is None else list(a) for a in allowed], temperature)
         last = self.segments[-1] if self.segments else None
-        if last is not None and last.kind == kind and (last.logprobs is None) == (logprobs is None):
+        if (last is not None and last.kind == kind and (last.logprobs is None) == (logprobs is None)
+                and last.temperature == temperature):
             if last.allowed is not None or new.allowed is not None:
                 last.allowed = (last.allowed or [None] * len(last.token_ids)) + (new.allowed or [None] * len(token_ids))
             last.token_ids.extend(new.token_ids)
@@ -157,18 +168,33 @@ class Trace:
     # -- rewards --------------------------------------------------------------------------
     @property
     def reward(self) -> float:
-        return sum(r.value * r.weight for r in self.rewards)
+        """The weighted sum of the reward records (0.0 when there are none)."""
+        return float(sum((r.value * r.weight for r in self.rewards), 0.0))
 
     def add_reward(self, name: str, value: float, weight: float = 1.0) -> None:
+        """Record a named reward component. Raises ``ValueError`` for a value that is not a finite number."""
+        for what, x in (("reward", value), ("weight", weight)):
+            if isinstance(x, bool) or not isinstance(x, Real) or not math.isfinite(x):
+                raise ValueError(
+                    f"role {self.agent!r}: {what} of reward {name!r} is {x!r}, not a finite number; "
+                    "rewards must be finite floats"
+                )
         self.rewards.append(RewardRecord(name, float(value), float(weight)))
+
+    def reward_problem(self) -> str | None:
+        """Why this trace's rewards cannot be trained on (a non-finite record), or None."""
+        for r in self.rewards:
+            if not (math.isfinite(r.value) and math.isfinite(r.weight)):
+                return f"role {self.agent!r}: reward {r.name!r} is {r.value} (weight {r.weight}), not a finite number"
+        return None
 
     # -- serialisation --------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return {
             "agent": self.agent,
             "segments": [
-                {"kind": s.kind, "token_ids": s.token_ids, "logprobs": s.logprobs,
-                 **({"allowed": s.allowed} if s.allowed is not None else {})}
+                {"kind": s.kind, "token_ids": s.token_ids, "logprobs": s.logprobs, "allowed": s.allowed,
+                 "temperature": s.temperature}
                 for s in self.segments
             ],
             "trainable": self.trainable,

@@ -9,7 +9,14 @@ and the collator turns the traces into tensors. The loss is
 with N_c the number of tokens stream c puts weight on over the whole generation batch on all
 processes (one all-reduce), so a stream with many tokens never dilutes another's gradient. The rl
 stream is TRL's clipped policy gradient (DAPO normalisation); with every sample tagged ``grpo`` it
-equals ``GRPOTrainer``'s own loss. The trainer never branches on an algorithm's name.
+equals ``GRPOTrainer``'s own loss for any rewards. The trainer never branches on an algorithm's name.
+
+A run guards itself: an episode with a non-finite or missing reward fails (it never reaches an
+advantage), an optimizer step whose loss or gradient is not finite is skipped, and a run where an
+environment's every episode fails or a required stream stays empty stops with the cause
+(:mod:`multiagent_rl.health`). Checkpoints hold everything a resumed run needs to continue exactly
+(the rollout random stream, the environments' samplers, the algorithms' state, stateful callbacks);
+the first Ctrl-C finishes the current step, saves a checkpoint and raises :class:`TrainingInterrupted`.
 """
 
 from __future__ import annotations
@@ -19,6 +26,9 @@ import json
 import logging
 import os
 import random
+import signal
+import math
+import threading
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -26,6 +36,7 @@ import torch
 from accelerate.utils import gather_object
 from datasets import Dataset
 from transformers import TrainerCallback
+from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from .agent import AgentConfig, frozen_backend, make_agent
@@ -33,13 +44,28 @@ from .algorithms import Algorithm, AlgorithmContext, build_algorithm
 from .backends import SamplingParams, TransformersBackend
 from .collate import collate, trainable_samples
 from .config import ExperimentConfig
-from .env import play_episodes, run_sync
+from .console import ConsolePrinterCallback, ConsoleProgressCallback
+from .env import DEFAULT_EPISODE_TIMEOUT, play_episodes, run_sync
 from .episode import Episode
+from .health import RunHealth, RunStopped
 from .models import load_model_and_tokenizer, resolve_model
+from .sinks import JsonlEpisodeSink
 
 logger = logging.getLogger(__name__)
 
 ALGORITHM_STATE_FILE = "algorithms_state.json"
+ROLLOUT_STATE_FILE = "rollout_state_rank{rank}.json"
+CALLBACK_STATE_FILE = "callbacks_state.json"
+MAX_STEPS_ENV = "MULTIAGENT_RL_MAX_STEPS"
+"""Environment variable that caps ``max_steps`` (smoke tests of docs, notebooks and recipes)."""
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C during ``train()``: the step in flight finished and a checkpoint was saved (``.checkpoint``)."""
+
+    def __init__(self, message: str, checkpoint: str | None, step: int):
+        super().__init__(message)
+        self.checkpoint, self.step = checkpoint, step
 
 
 @dataclass
@@ -48,14 +74,28 @@ class MixedAlgorithmConfig(GRPOConfig):
 
     Rollout size comes from ``groups_per_step`` × each environment's ``group_size``, not from
     ``per_device_train_batch_size``/``num_generations`` (those only size TRL's placeholder
-    dataloader). On a machine without CUDA the GPU defaults are switched off automatically
-    (fp32, no gradient checkpointing).
+    dataloader). ``max_steps`` is required. On a machine without CUDA the GPU defaults are switched
+    off automatically (fp32, no gradient checkpointing).
     """
 
+    max_steps: int = field(default=-1, metadata={"help": "Training steps (required: the dataset is a placeholder)."})
     groups_per_step: int = field(default=4, metadata={"help": "Task groups each process plays per generation round."})
     max_concurrency: int = field(default=256, metadata={"help": "Most episodes in flight at once per process."})
     save_episodes: bool = field(
         default=True, metadata={"help": "Append every played episode (JSON lines) to output_dir/episodes/."}
+    )
+    max_failed_steps: int = field(
+        default=3,
+        metadata={"help": "Stop when every episode of an env failed, or a stream its algorithms need got no "
+                          "tokens, in this many consecutive steps."},
+    )
+    max_skipped_steps: int = field(
+        default=3, metadata={"help": "Stop after this many consecutive steps skipped for a non-finite loss/gradient."}
+    )
+    skip_zero_advantage: bool = field(
+        default=False,
+        metadata={"help": "Leave zero-advantage samples out of the rl token count (default: count them, as TRL's "
+                          "DAPO normaliser does, so the rl step does not grow when a group ties)."},
     )
     logging_steps: float = field(default=1, metadata={"help": "Log every N steps (TRL's default is 10)."})
     num_generations: int | None = field(default=2, metadata={"help": "Placeholder dataloader grouping; unused."})
@@ -69,6 +109,20 @@ class MixedAlgorithmConfig(GRPOConfig):
             self.fp16 = False
             # transformers 5 names it activation_checkpointing; clearing the old alias avoids its deprecation warning
             self.activation_checkpointing, self.gradient_checkpointing = False, None
+        cap = os.environ.get(MAX_STEPS_ENV)
+        if cap and self.max_steps > int(cap):
+            logger.warning("%s=%s caps max_steps (was %d)", MAX_STEPS_ENV, cap, self.max_steps)
+            self.max_steps = int(cap)
+        if self.max_steps is None or self.max_steps <= 0:
+            raise ValueError(
+                "max_steps is required ([trainer] max_steps = N, or MixedAlgorithmConfig(max_steps=N)): the trainer's "
+                "dataset is a placeholder, so without it a run would silently take 3 epochs of 1,024 rows"
+            )
+        if self.temperature <= 0:
+            raise ValueError(
+                f"temperature={self.temperature}: the policy is trained on its own samples, which needs temperature > 0 "
+                "(greedy decoding is for evaluation; frozen seats may use 0)"
+            )
         super().__post_init__()
         if self.beta != 0.0:
             raise ValueError(
@@ -89,14 +143,16 @@ class MixedAlgorithmConfig(GRPOConfig):
                     f"MixedAlgorithmConfig.{name}={value!r} is not supported: the rl stream is TRL's clipped policy "
                     f"gradient with DAPO normalisation per stream; leave {name} at {default!r}"
                 )
-        if self.groups_per_step < 1:
-            raise ValueError(f"groups_per_step={self.groups_per_step} must be at least 1")
+        for name in ("groups_per_step", "max_failed_steps", "max_skipped_steps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be at least 1")
 
 
 class WarmupLearningRate(TrainerCallback):
-    """A higher learning rate during the sft warm-up: imitation from a random init needs it, self-play RL at
-    that rate collapses to always bet/call. Set on the optimizer before each step; the scheduler's base
-    rate takes over again afterwards."""
+    """A different learning rate for the first ``warmup_steps`` steps (e.g. an sft warm-up phase before RL).
+
+    Set on the optimizer before each of those steps; the scheduler's rate takes over afterwards.
+    """
 
     def __init__(self, warmup_steps: int, lr: float):
         self.warmup_steps, self.lr = warmup_steps, lr
@@ -107,6 +163,39 @@ class WarmupLearningRate(TrainerCallback):
                 group["lr"] = self.lr
 
 
+class _RunGuards(TrainerCallback):
+    """Skip optimizer steps with a non-finite loss or gradient; stop at step end after Ctrl-C."""
+
+    def __init__(self, trainer: MixedAlgorithmTrainer):
+        self.trainer = trainer
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+        trainer = self.trainer
+        params = [(n, p) for n, p in trainer.model.named_parameters() if p.grad is not None]
+        finite = torch.stack([torch.isfinite(p.grad).all() for _, p in params]).all().item() if params else True
+        cause = ""
+        if trainer._nonfinite_loss:
+            cause = f"the loss was not finite ({', '.join(sorted(trainer._nonfinite_loss))})"
+        elif not finite:
+            bad = [n for n, p in params if not torch.isfinite(p.grad).all()]
+            cause = f"the gradient was not finite ({bad[0]}" + (f" and {len(bad) - 1} more)" if len(bad) > 1 else ")")
+        trainer._nonfinite_loss.clear()
+        if trainer.health.after_gradient(not cause, cause):
+            for _, p in trainer.model.named_parameters():
+                p.grad = None  # an optimizer skips parameters without a gradient: no update, no moment change
+
+    def on_step_end(self, args, state, control, **kwargs):
+        trainer = self.trainer
+        flag = torch.tensor(float(trainer._interrupt_requested), device=trainer.accelerator.device)
+        if trainer.accelerator.num_processes > 1:  # every rank stops at the same step
+            flag = trainer.accelerator.reduce(flag, reduction="sum")
+        if flag.item() > 0:
+            trainer._interrupt_requested = True
+            control.should_save = True
+            control.should_training_stop = True
+        return control
+
+
 def _rewards_come_from_environments(*args, **kwargs):
     raise RuntimeError("MixedAlgorithmTrainer takes rewards from environments; this placeholder is never called")
 
@@ -114,7 +203,8 @@ def _rewards_come_from_environments(*args, **kwargs):
 class MixedAlgorithmTrainer(GRPOTrainer):
     """Train one policy on a mix of multi-agent environments with per-env / per-role algorithms.
 
-    >>> trainer = MixedAlgorithmTrainer({"algo": {"type": "rae"}, "env": [{"id": "kuhn_poker"}]})  # doctest: +SKIP
+    >>> trainer = MixedAlgorithmTrainer({"algo": {"type": "rae"}, "env": [{"id": "kuhn_poker"}],
+    ...                                  "trainer": {"max_steps": 10}})  # doctest: +SKIP
     >>> trainer.train()  # doctest: +SKIP
     """
 
@@ -149,6 +239,11 @@ class MixedAlgorithmTrainer(GRPOTrainer):
             callbacks=callbacks,
             peft_config=peft_config,
         )
+        if self.pop_callback(ProgressCallback) is not None:
+            self.add_callback(ConsoleProgressCallback)
+        if self.pop_callback(PrinterCallback) is not None:
+            self.add_callback(ConsolePrinterCallback)
+        self.add_callback(_RunGuards(self))
         self.experiment = experiment
         self.tokenizer = processing_class
         self.envs = [spec.build() for spec in experiment.env]
@@ -159,24 +254,35 @@ class MixedAlgorithmTrainer(GRPOTrainer):
         )
         self.algorithms: dict[str, Algorithm] = {}
         self.assignments: list[dict[str, set[str]]] = []  # per env: algorithm key -> roles it scores
+        self.required_streams: dict[str, dict[str, list[str]]] = {}  # env label -> stream -> who needs it
         self.agents: list[dict] = []
         self.trainable: list[dict[str, bool]] = []
-        for spec, env in zip(experiment.env, self.envs):
-            self._bind(spec, env)
+        for i, (spec, env) in enumerate(zip(experiment.env, self.envs)):
+            self._bind(i, spec, env)
+        self._streams_of_tag: dict[str, set[str]] = defaultdict(set)
+        for algo in self.algorithms.values():
+            self._streams_of_tag[algo.name] |= set(algo.loss_types)
         ctx = AlgorithmContext(
             policy_model=self.accelerator.unwrap_model(self.model), tokenizer=processing_class,
             load_model=self._load_teacher,
         )
         run_sync(_gather(*(a.setup(ctx) for a in self.algorithms.values())))
         self._rollout_rng = random.Random(args.seed * 1000 + self.accelerator.process_index)
+        self.health = RunHealth(args.max_failed_steps, args.max_skipped_steps)
+        self.episode_sink = (
+            JsonlEpisodeSink(os.path.join(args.output_dir, "episodes"), self.accelerator.process_index)
+            if args.save_episodes and args.output_dir else None
+        )
         self.last_episodes: list[Episode] = []
         self.episodes_played = 0
+        self._step_tags: list[str] = []
+        self._nonfinite_loss: set[str] = set()
+        self._interrupt_requested = False
+        self._resumed = False
 
     # -- building ---------------------------------------------------------------------------
-    def _bind(self, spec, env) -> None:
-        unknown = set(spec.roles) - set(env.roles)
-        if unknown:
-            raise ValueError(f"env {spec.id!r} has seats {list(env.roles)}; [env.roles] names unknown {sorted(unknown)}")
+    def _bind(self, index: int, spec, env) -> None:
+        self.experiment.check_env_seats(index, env.roles)
         base = SamplingParams(
             temperature=self.args.temperature, top_p=self.args.top_p, max_new_tokens=self.args.max_completion_length
         )
@@ -188,21 +294,24 @@ class MixedAlgorithmTrainer(GRPOTrainer):
                 model=model,
                 sampling=base.with_overrides(**(rc.sampling if rc else {})),
                 policy=rc.scripted_policy() if rc and rc.model == "scripted" else None,
+                timeout=rc.timeout if rc else None,
             )
             agents[role] = make_agent(agent_cfg, policy_backend=self.policy_backend, device=self.accelerator.device)
             trainable[role] = rc.is_trainable if rc else True
             if trainable[role]:
                 algo_cfg = self.experiment.algorithm_for(spec, role)
-                if algo_cfg.type == "sft" and model == "policy":
-                    raise ValueError(
-                        f"env {spec.id!r} seat {role!r} plays the policy but its algo is 'sft'; bind it in "
-                        f"[env.roles.{role}] to a frozen model or scripted policy"
-                    )
                 key = algo_cfg.model_dump_json()
                 if key not in self.algorithms:
                     self.algorithms[key] = build_algorithm(algo_cfg)
                 assignment[key].add(role)
         env.setup(agents)
+        label = self.env_labels[index]
+        required: dict[str, list[str]] = defaultdict(list)
+        for key, roles in assignment.items():
+            algo = self.algorithms[key]
+            for stream in algo.streams_required():
+                required[stream].append(f"{'/'.join(sorted(roles))} ({algo.name})")
+        self.required_streams[label] = dict(required)
         self.agents.append(agents)
         self.trainable.append(trainable)
         self.assignments.append(dict(assignment))
@@ -226,6 +335,7 @@ class MixedAlgorithmTrainer(GRPOTrainer):
         episodes = [ep for group in await asyncio.gather(*jobs) for ep in group]
         scoring = []
         for ep in episodes:
+            self._check_episode(ep)
             for key, roles in self.assignments[ep.info["env_index"]].items():
                 scoring.append(self.algorithms[key].score_episode(ep, roles))
         await asyncio.gather(*scoring)
@@ -235,12 +345,31 @@ class MixedAlgorithmTrainer(GRPOTrainer):
         spec = self.experiment.env[i]
         episodes = await play_episodes(
             self.envs[i], [task], self.agents[i], group_size=spec.group_size, trainable=self.trainable[i],
-            max_concurrency=self.args.max_concurrency, timeout=spec.timeout,
+            max_concurrency=self.args.max_concurrency, groups=[group], seed=str(self.args.seed),
+            timeout=DEFAULT_EPISODE_TIMEOUT if spec.timeout is None else spec.timeout, name=self.env_labels[i],
         )
-        for k, ep in enumerate(episodes):
-            ep.id, ep.group, ep.env = f"{group}-{k}", group, self.env_labels[i]
+        for ep in episodes:
             ep.info["env_index"] = i
         return episodes
+
+    def _check_episode(self, episode: Episode) -> None:
+        """Fail an episode whose trained traces an algorithm cannot use (no reward, out of range, too long)."""
+        if not episode.ok:
+            return
+        problems = []
+        limit = self.policy_backend.max_context
+        for key, roles in self.assignments[episode.info["env_index"]].items():
+            algo = self.algorithms[key]
+            for trace in episode.traces:
+                if trace.trainable and trace.agent in roles:
+                    if problem := algo.reward_problem(trace):
+                        problems.append(problem)
+                    if limit is not None and len(trace.token_ids) > limit:
+                        problems.append(f"role {trace.agent!r}: trace of {len(trace.token_ids)} tokens exceeds the "
+                                        f"policy's context of {limit} positions")
+        if problems:
+            episode.ok = False
+            episode.errors.append(f"env {episode.env!r}: " + "; ".join(problems))
 
     def _generate_and_score_completions(self, inputs):
         step = self.state.global_step
@@ -262,39 +391,51 @@ class MixedAlgorithmTrainer(GRPOTrainer):
         self.last_episodes = local
         self.episodes_played += len(everyone)
         self._log_rollout(everyone)
-        self._save_episodes(local, step)
+        if self.episode_sink is not None:
+            self.episode_sink.write(local, step)
+        self.health.after_rollout(everyone, self.required_streams)
+        self._step_tags = sorted({t.streams.algorithm for ep in everyone if ep.ok for t in ep.traces
+                                  if t.trainable and t.streams is not None})
 
-        batch = collate(trainable_samples(local), self.tokenizer.pad_token_id, multiple_of=self.args.steps_per_generation)
+        batch = collate(
+            trainable_samples(local, self.args.skip_zero_advantage), self.tokenizer.pad_token_id,
+            multiple_of=self.args.steps_per_generation, temperature=self.temperature,
+            skip_zero_advantage=self.args.skip_zero_advantage,
+        )
         device = self.accelerator.device
         batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-        counts = torch.stack(
-            [batch["rl_mask"].sum(), (batch["ce_weights"] != 0).sum().float(), (batch["ref_kl_weights"] != 0).sum().float()]
-        )
+        mask = batch["completion_mask"].float()
+        counts = torch.stack([
+            batch["rl_mask"].sum(), (batch["ce_weights"] != 0).sum().float(), (batch["ref_kl_weights"] != 0).sum().float(),
+            (batch["action_mask"] * mask).sum(),
+        ])
         counts = self.accelerator.reduce(counts, reduction="sum")  # the one all-reduce of the token counts
         batch["num_rl_tokens"], batch["num_ce_tokens"], batch["num_ref_kl_tokens"] = counts[0], counts[1], counts[2]
+        batch["num_action_tokens"] = counts[3]
         batch["num_items_in_batch"] = counts[0]
         if self.args.steps_per_generation > self.args.gradient_accumulation_steps or self.num_iterations > 1:
             # Several optimizer steps reuse this batch: freeze the logprobs of the policy that sampled it.
             with torch.no_grad():
                 ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
-                mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
-                batch["old_per_token_logps"], _ = self._token_logps(self.model, ids, mask, batch)
+                attention = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
+                batch["old_per_token_logps"], _ = self._token_logps(self.model, ids, attention, batch)
         return batch
 
     # -- loss -------------------------------------------------------------------------------
     def _token_logps(self, model, input_ids, attention_mask, inputs, compute_entropy=False):
         """Log-probabilities (and entropies) of the completion tokens, as they were sampled.
 
-        Without constrained choices in the batch this is TRL's own scoring (fused LM head). With
-        them (``inputs["allowed_ids"]``), a constrained token is scored by the softmax over its
-        allowed ids only, exactly as the harness sampled it, and its entropy is that of the
-        restricted distribution. This path computes the model's logits over the completion and then
-        scores only the positions some stream or metric reads (0 elsewhere): fine for game moves,
-        heavier than TRL's fused head for long completions with a large vocabulary.
+        Each token is scored at the temperature it was sampled at (``inputs["temperatures"]``) and,
+        when a harness constrained it to choices (``inputs["allowed_ids"]``), by the softmax over its
+        allowed ids only, with the entropy of that restricted distribution. When every token has the
+        trainer's temperature and none is constrained this is TRL's own scoring (fused LM head).
+        Otherwise the model's logits are computed over the completion and only the positions some
+        stream or metric reads are scored (0 elsewhere).
         """
         completion_ids, allowed_ids = inputs["completion_ids"], inputs.get("allowed_ids")
+        temperatures = inputs.get("temperatures")
         T = completion_ids.size(1)
-        if allowed_ids is None:
+        if allowed_ids is None and (temperatures is None or bool((temperatures == self.temperature).all())):
             logps, entropies, _ = self._get_per_token_logps_and_entropies(
                 model, input_ids, attention_mask, T, compute_entropy=compute_entropy
             )
@@ -305,29 +446,30 @@ class MixedAlgorithmTrainer(GRPOTrainer):
             (inputs["action_mask"] != 0) | (inputs["rl_mask"] != 0) | (inputs["ce_weights"] != 0)
             | (inputs["ref_kl_weights"] != 0)
         )
-        logits = logits[:, :-1][read].float() / self.temperature  # (M, vocab): only the positions read
-        tokens, allowed_ids = completion_ids[read], allowed_ids[read]
+        scale = temperatures[read].unsqueeze(-1) if temperatures is not None else self.temperature
+        logits = logits[:, :-1][read].float() / scale  # (M, vocab): only the positions read
+        tokens = completion_ids[read]
         full = torch.log_softmax(logits, dim=-1)
         logps = full.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-        allowed = allowed_ids >= 0
-        constrained = allowed.any(-1)
-        # Unconstrained positions keep finite dummy rows here (their results are discarded below):
-        # an all -inf row would put NaN into the backward pass even where torch.where drops it.
-        in_set = allowed | ~constrained.unsqueeze(-1)
-        sub = logits.gather(-1, allowed_ids.clamp(min=0)).masked_fill(~in_set, float("-inf"))
-        restricted = torch.log_softmax(sub, dim=-1)
-        chosen = (allowed_ids == tokens.unsqueeze(-1)) & allowed
-        logps = torch.where(constrained, restricted.masked_fill(~chosen, 0.0).sum(-1), logps)
-        per_token = torch.zeros(read.shape, dtype=logps.dtype, device=logps.device)
-        per_token = per_token.masked_scatter(read, logps)
+        entropy = -(full.exp() * full).sum(-1) if compute_entropy else None
+        if allowed_ids is not None:
+            allowed_ids = allowed_ids[read]
+            allowed = allowed_ids >= 0
+            constrained = allowed.any(-1)
+            # Unconstrained positions keep finite dummy rows here (their results are discarded below):
+            # an all -inf row would put NaN into the backward pass even where torch.where drops it.
+            in_set = allowed | ~constrained.unsqueeze(-1)
+            sub = logits.gather(-1, allowed_ids.clamp(min=0)).masked_fill(~in_set, float("-inf"))
+            restricted = torch.log_softmax(sub, dim=-1)
+            chosen = (allowed_ids == tokens.unsqueeze(-1)) & allowed
+            logps = torch.where(constrained, restricted.masked_fill(~chosen, 0.0).sum(-1), logps)
+            if compute_entropy:
+                restricted_entropy = -(restricted.exp() * restricted.masked_fill(~in_set, 0.0)).sum(-1)
+                entropy = torch.where(constrained, restricted_entropy, entropy)
+        per_token = torch.zeros(read.shape, dtype=logps.dtype, device=logps.device).masked_scatter(read, logps)
         if not compute_entropy:
             return per_token, None
-        full_entropy = -(full.exp() * full).sum(-1)
-        restricted_entropy = -(restricted.exp() * restricted.masked_fill(~in_set, 0.0)).sum(-1)
-        entropies = torch.zeros_like(per_token).masked_scatter(
-            read, torch.where(constrained, restricted_entropy, full_entropy)
-        )
-        return per_token, entropies
+        return per_token, torch.zeros_like(per_token).masked_scatter(read, entropy)
 
     def _compute_loss(self, model, inputs):
         prompt_ids, completion_ids = inputs["prompt_ids"], inputs["completion_ids"]
@@ -355,49 +497,57 @@ class MixedAlgorithmTrainer(GRPOTrainer):
         ref_advantage = (inputs["ref_logps"] - logps).detach()
         ref_tokens = -ratio * ref_advantage * inputs["ref_kl_weights"]
         streams = {
-            "rl": (rl_tokens, normalizer(inputs["num_rl_tokens"])),
-            "ce": (ce_tokens, normalizer(inputs["num_ce_tokens"])),
-            "ref_kl": (ref_tokens, normalizer(inputs["num_ref_kl_tokens"])),
+            "rl": (rl_tokens, inputs["num_rl_tokens"]),
+            "ce": (ce_tokens, inputs["num_ce_tokens"]),
+            "ref_kl": (ref_tokens, inputs["num_ref_kl_tokens"]),
         }
-        loss = sum(tokens.sum() / norm for tokens, norm in streams.values())
+        loss = sum(tokens.sum() / normalizer(count) for tokens, count in streams.values())
         if self.args.entropy_coef:
             # TRL's static entropy bonus, over the tokens the policy gradient acts on and normalised like
             # the rl stream (TRL averages per micro-batch instead): keeps self-play from collapsing early.
-            loss = loss - self.args.entropy_coef * (entropies * inputs["rl_mask"]).sum() / streams["rl"][1]
-
-        # Metrics, summed over all ranks in one all-reduce. The tags come from the config (the same list on
-        # every rank), so per-algorithm losses are global numbers like loss/{stream}, not one rank's share.
-        tags = sorted({algo.name for algo in self.algorithms.values()})
-        rows = torch.tensor(
-            [[a == tag for a in inputs["algorithm"]] for tag in tags], dtype=torch.float32, device=logps.device
-        ).reshape(len(tags), len(inputs["algorithm"]))
-        mask = inputs["completion_mask"] * inputs["action_mask"]
-        ref_w = inputs["ref_kl_weights"]
-        local = [rows.sum(1)]
-        for tokens, _ in streams.values():
-            per_row = tokens.detach().float().sum(1)
-            local += [per_row.sum().reshape(1), rows @ per_row, rows @ tokens.detach().float().abs().sum(1)]
-        extras = [(entropies * mask).sum(), mask.sum(), (-ref_advantage * ref_w).sum(), ref_w.sum()]
-        local.append(torch.stack(extras).detach().float())
-        totals = self.accelerator.reduce(torch.cat(local), reduction="sum")
-        norms = torch.stack([norm for _, norm in streams.values()]).float().reshape(-1)
-        values = torch.cat([totals, norms]).tolist()
-        n = len(tags)
-        present, i = values[:n], n
-        metrics = self._metrics[mode]
-        for s, name in enumerate(streams):
-            denominator = values[-len(streams) + s] * world
-            total, sums, abs_sums = values[i], values[i + 1 : i + 1 + n], values[i + 1 + n : i + 1 + 2 * n]
-            i += 1 + 2 * n
-            metrics[f"loss/{name}"].append(total / denominator)
-            for t, tag in enumerate(tags):
-                if present[t] and (name == "rl" or abs_sums[t] > 0):
-                    metrics[f"loss/{name}/{tag}"].append(sums[t] / denominator)
-        entropy_sum, mask_sum, ref_sum, ref_w_sum = values[i : i + 4]
-        metrics["entropy"].append(entropy_sum / max(mask_sum, 1.0))
-        if ref_w_sum > 0:
-            metrics["ref_kl/sampled_reverse_kl"].append(ref_sum / ref_w_sum)
+            loss = loss - self.args.entropy_coef * (entropies * inputs["rl_mask"]).sum() / normalizer(
+                inputs["num_rl_tokens"])
+        self._log_loss_metrics(mode, inputs, streams, entropies, ratio, ref_advantage, window)
         return loss
+
+    def _log_loss_metrics(self, mode, inputs, streams, entropies, ratio, ref_advantage, window) -> None:
+        """Per-stream and per-algorithm losses, entropy, reverse KL and clip ratios, summed over all ranks in one
+        all-reduce and built and read by name. Each value is this micro-batch's share of the step's total, times the
+        number of micro-batches per step, so the logged mean over a step's micro-batches is the step's value:
+        identical for any gradient accumulation (when steps_per_generation equals it, TRL's default)."""
+        rl_mask, action = inputs["rl_mask"], inputs["completion_mask"] * inputs["action_mask"]
+        advantages = inputs["advantages"]
+        low = (ratio < 1 - self.epsilon_low) & (advantages < 0)
+        high = (ratio > 1 + self.epsilon_high) & (advantages > 0)
+        sums: dict[str, torch.Tensor] = {}
+        counts: dict[str, torch.Tensor] = {}
+        tags = self._step_tags
+        tag_of_row = inputs["algorithm"]
+        for name, (tokens, count) in streams.items():
+            per_row = tokens.detach().float().sum(1)
+            sums[f"loss/{name}"], counts[f"loss/{name}"] = per_row.sum(), count
+            for tag in tags:
+                if name not in self._streams_of_tag[tag]:
+                    continue  # per-algorithm losses only for the streams an algorithm writes
+                rows = torch.tensor([a == tag for a in tag_of_row], dtype=per_row.dtype, device=per_row.device)
+                sums[f"loss/{name}/{tag}"], counts[f"loss/{name}/{tag}"] = (rows * per_row).sum(), count
+        sums["entropy"], counts["entropy"] = (entropies.detach() * action).sum(), inputs["num_action_tokens"]
+        if inputs["num_ref_kl_tokens"] > 0:
+            sums["ref_kl/sampled_reverse_kl"] = (-ref_advantage * inputs["ref_kl_weights"]).sum()
+            counts["ref_kl/sampled_reverse_kl"] = inputs["num_ref_kl_tokens"]
+        if inputs["num_rl_tokens"] > 0:
+            for name, hit in (("low_mean", low), ("high_mean", high), ("region_mean", low | high)):
+                sums[f"clip_ratio/{name}"], counts[f"clip_ratio/{name}"] = (hit.float() * rl_mask).sum(), inputs[
+                    "num_rl_tokens"]
+        names = list(sums)
+        totals = self.accelerator.reduce(torch.stack([sums[n].float() for n in names]), reduction="sum").tolist()
+        denominators = torch.stack([counts[n].float() for n in names]).clamp(min=1.0).tolist()
+        per_step = self.current_gradient_accumulation_steps if mode == "train" else 1
+        metrics = self._metrics[mode]
+        for name, total, count in zip(names, totals, denominators):
+            if name.startswith("loss/") and not math.isfinite(total):
+                self._nonfinite_loss.add(name.split("/")[1])
+            metrics[name].append(total / (count * window) * per_step)
 
     # -- metrics, traces, checkpoints --------------------------------------------------------
     def _log_rollout(self, episodes: list[Episode]) -> None:
@@ -414,7 +564,7 @@ class MixedAlgorithmTrainer(GRPOTrainer):
                         by_key[(t.streams.algorithm if t.streams else "untrained", t.agent)].append(t)
             for (algo, role), traces in by_key.items():
                 prefix = f"{env}/{role}/{algo}"
-                rewards = torch.tensor([t.reward for t in traces])
+                rewards = torch.tensor([t.reward for t in traces], dtype=torch.float64)
                 metrics[f"{prefix}/reward_mean"].append(rewards.mean().item())
                 metrics[f"{prefix}/reward_std"].append(rewards.std(unbiased=False).item())
                 for name in ("rl", "ce", "ref_kl"):
@@ -426,37 +576,128 @@ class MixedAlgorithmTrainer(GRPOTrainer):
                         metrics[f"{prefix}/advantage_mean"].append(adv.mean().item())
                         metrics[f"{prefix}/advantage_std"].append(adv.std(unbiased=False).item())
                 for key in sorted({k for t in traces for k in t.metrics}):
-                    vals = [t.metrics[key] for t in traces if key in t.metrics]
+                    vals = [float(t.metrics[key]) for t in traces if key in t.metrics]
                     metrics[f"{prefix}/{key}"].append(sum(vals) / len(vals))
 
-    def _save_episodes(self, episodes: list[Episode], step: int) -> None:
-        if not self.args.save_episodes or not self.args.output_dir:
-            return
-        folder = os.path.join(self.args.output_dir, "episodes")
-        os.makedirs(folder, exist_ok=True)
-        path = os.path.join(folder, f"rank{self.accelerator.process_index}.jsonl")
-        with open(path, "a") as f:  # appended every step, so a crash loses nothing already played
-            for ep in episodes:
-                f.write(json.dumps({"step": step, **ep.to_dict()}) + "\n")
+    def record_metric(self, name: str, value: float) -> None:
+        """Add a value to the next log (e.g. ``eval/...`` from an evaluation callback; printed on the console line)."""
+        self._metrics["train"][name].append(float(value))
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        logs["episodes"] = self.episodes_played
+        if self.health.total_skipped:
+            logs["health/skipped_steps"] = self.health.total_skipped
+        super().log(logs, start_time)
 
     def algorithm_state(self) -> dict:
         return {key: algo.state_dict() for key, algo in self.algorithms.items()}
 
+    def rollout_state(self) -> dict:
+        """This process's rollout state: its random stream, the environments' samplers, episodes played."""
+        version, internal, gauss = self._rollout_rng.getstate()
+        return {
+            "rng": [version, list(internal), gauss],
+            "episodes_played": self.episodes_played,
+            "envs": {label: env.state_dict() for label, env in zip(self.env_labels, self.envs)},
+        }
+
+    def load_rollout_state(self, state: dict) -> None:
+        version, internal, gauss = state["rng"]
+        self._rollout_rng.setstate((version, tuple(internal), gauss))
+        self.episodes_played = state["episodes_played"]
+        for label, env in zip(self.env_labels, self.envs):
+            env.load_state_dict(state["envs"].get(label, {}))
+
+    def _stateful_callbacks(self) -> dict[str, TrainerCallback]:
+        return {type(cb).__name__: cb for cb in self.callback_handler.callbacks
+                if hasattr(cb, "state_dict") and hasattr(cb, "load_state_dict")}
+
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)
         folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
-        if self.accelerator.is_main_process and os.path.isdir(folder):
-            with open(os.path.join(folder, ALGORITHM_STATE_FILE), "w") as f:
-                json.dump(self.algorithm_state(), f)
+        if not os.path.isdir(folder):
+            return
+        rank = self.accelerator.process_index
+        _write_json(os.path.join(folder, ROLLOUT_STATE_FILE.format(rank=rank)), self.rollout_state())
+        if self.accelerator.is_main_process:
+            _write_json(os.path.join(folder, ALGORITHM_STATE_FILE), self.algorithm_state())
+            _write_json(os.path.join(folder, CALLBACK_STATE_FILE),
+                        {name: cb.state_dict() for name, cb in self._stateful_callbacks().items()})
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
-        path = os.path.join(checkpoint, ALGORITHM_STATE_FILE) if checkpoint else None
-        if path and os.path.exists(path):
+        if not checkpoint:
+            return
+        self._resumed = True
+        path = os.path.join(checkpoint, ALGORITHM_STATE_FILE)
+        if os.path.exists(path):
             with open(path) as f:
                 for key, state in json.load(f).items():
                     if key in self.algorithms:
                         self.algorithms[key].load_state_dict(state)
+        path = os.path.join(checkpoint, ROLLOUT_STATE_FILE.format(rank=self.accelerator.process_index))
+        if os.path.exists(path):
+            with open(path) as f:
+                self.load_rollout_state(json.load(f))
+        else:
+            logger.warning("%s has no rollout state: task sampling restarts from the seed", checkpoint)
+        path = os.path.join(checkpoint, CALLBACK_STATE_FILE)
+        if os.path.exists(path):
+            with open(path) as f:
+                saved = json.load(f)
+            for name, cb in self._stateful_callbacks().items():
+                if name in saved:
+                    cb.load_state_dict(saved[name])
+        if self.episode_sink is not None:
+            self.episode_sink.resume(self.state.global_step)  # the steps about to be replayed are logged again
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs):
+        """TRL's ``train()``, plus: the first Ctrl-C finishes the step in flight, saves a checkpoint and raises
+        :class:`TrainingInterrupted` (a second one stops at once); a run stopped by its health checks
+        (:class:`~multiagent_rl.health.RunStopped`) saves a checkpoint first."""
+        if self.episode_sink is not None and not resume_from_checkpoint:
+            self.episode_sink.resume(0)  # a fresh run in this folder starts a fresh log (the old one is kept aside)
+        self._interrupt_requested = False
+        previous = None
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.signal(signal.SIGINT, self._on_sigint)
+        try:
+            output = super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+        except RunStopped as exc:
+            folder = self._save_now()
+            raise RunStopped(f"{exc}\nThe weights after step {self.state.global_step} are saved in {folder}.") from None
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
+        if self._interrupt_requested:
+            folder = self._checkpoint_folder()
+            message = (f"interrupted at step {self.state.global_step}: checkpoint saved in {folder}; resume with "
+                       "train(resume_from_checkpoint=True) (recipes: --resume)")
+            raise TrainingInterrupted(message, folder, self.state.global_step)
+        return output
+
+    def _on_sigint(self, signum, frame):
+        if self._interrupt_requested:  # the second Ctrl-C: stop now
+            signal.default_int_handler(signum, frame)
+        self._interrupt_requested = True
+        if self.accelerator.is_main_process:
+            print("\nCtrl-C: finishing this step, then saving a checkpoint (press again to stop at once)", flush=True)
+
+    def _checkpoint_folder(self) -> str:
+        return os.path.join(self.args.output_dir, f"checkpoint-{self.state.global_step}")
+
+    def _save_now(self) -> str:
+        folder = self._checkpoint_folder()
+        if not os.path.isdir(folder):
+            self._save_checkpoint(self.model_wrapped, trial=None)
+        return folder
+
+
+def _write_json(path: str, data) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f)
+    os.replace(tmp, path)
 
 
 async def _gather(*coros):
@@ -464,9 +705,10 @@ async def _gather(*coros):
 
 
 def _labels(experiment: ExperimentConfig) -> list[str]:
-    """Metric/baseline label per env entry: its id, suffixed when the same id appears twice."""
+    """Metric/baseline label per env entry: its ``name`` or id, suffixed when the same label appears twice."""
     ids = [spec.name or spec.id for spec in experiment.env]
     return [i if ids.count(i) == 1 else f"{i}#{n}" for n, i in enumerate(ids)]
 
 
-__all__ = ["MixedAlgorithmConfig", "MixedAlgorithmTrainer", "resolve_model"]
+__all__ = ["MixedAlgorithmConfig", "MixedAlgorithmTrainer", "TrainingInterrupted", "WarmupLearningRate",
+           "resolve_model"]

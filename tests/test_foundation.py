@@ -137,10 +137,12 @@ def test_a_hung_agent_is_cut_by_its_timeout():
     tasks = [mrl.Task(mrl.TaskData(prompt="hi", info={"i": i})) for i in range(2)]
     eps = run(mrl.play_episodes(Flaky(), tasks, {"agent": slow}))
     assert [e.ok for e in eps] == [False, False]
-    assert all("timeout" in e.errors[0].lower() for e in eps)
-    # the episode-level timeout works as well
+    assert all(e.errors[0].startswith("env 'env': ReplyTimeout: role 'agent' (scripted): no reply within 0.2 s")
+               for e in eps), eps[0].errors
+    # the episode-level timeout works as well, and names the seat it was waiting for
     eps = run(mrl.play_episodes(Flaky(), tasks, {"agent": scripted(delay=3600)}, timeout=0.2))
-    assert all(not e.ok and e.errors[0].startswith("timeout") for e in eps)
+    assert all(not e.ok and e.errors[0].startswith(
+        "env 'env': episode timed out after 0.2 s, waiting for a reply from 'agent'") for e in eps), eps[0].errors
 
 
 def test_trace_and_episode_round_trip_through_json(backend):

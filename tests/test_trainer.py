@@ -71,7 +71,7 @@ def single_env(role: str = "agent", reward=None) -> SingleAgentEnv:
 def mixed_args(tmp_path, **kw) -> MixedAlgorithmConfig:
     base = dict(
         output_dir=str(tmp_path / "run"), report_to=[], save_strategy="no", save_episodes=False,
-        logging_steps=1, disable_tqdm=True, seed=0, max_completion_length=8,
+        logging_steps=1, disable_tqdm=True, seed=0, max_completion_length=8, max_steps=1,
     )
     return MixedAlgorithmConfig(**{**base, **kw})
 
@@ -612,7 +612,7 @@ def test_rae_baselines_are_saved_and_restored(tmp_path, tiny):
     more = make(3)
     assert more.algorithm_state()[key] == {"baselines": {}}
     more.train(resume_from_checkpoint=str(checkpoint))
-    assert more.state.global_step == 3 and more.episodes_played == 4  # one more round of 2 groups x 2
+    assert more.state.global_step == 3 and more.episodes_played == 12  # restored 8, then one more round of 2 x 2
     b = baselines["kuhn_poker/player_0"]
     for ep in more.last_episodes:
         for t in ep.traces:

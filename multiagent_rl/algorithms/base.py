@@ -56,8 +56,38 @@ class Algorithm:
     config_class: ClassVar[type[AlgorithmConfig]] = AlgorithmConfig
     loss_types: ClassVar[tuple[str, ...]] = ()
     """Streams this algorithm writes: a subset of ("rl", "ce", "ref_kl")."""
+    required_streams: ClassVar[tuple[str, ...] | None] = None
+    """Streams that must receive tokens whenever this algorithm trains a seat (default: ``loss_types``);
+    a run where one stays empty for several steps in a row trains nothing and is stopped."""
     samples_from_policy: ClassVar[bool] = True
     """False when the trained tokens come from someone else (a frozen teacher, a scripted agent)."""
+    uses_reward: ClassVar[bool] = False
+    """True when credit is computed from ``trace.reward``: a trained trace without any reward record fails its
+    episode (a silent 0.0 would train on a reward nobody gave)."""
+    reward_range: ClassVar[tuple[float, float] | None] = None
+    """Closed interval the rewards must lie in (e.g. (0, 1) for success rates), or None."""
+
+    @classmethod
+    def needs_group(cls, config: AlgorithmConfig, role: str | None) -> bool:
+        """Whether credit for ``role`` compares the episodes of a task group (so a group of 1 trains nothing)."""
+        return False
+
+    @classmethod
+    def streams_required(cls) -> tuple[str, ...]:
+        return cls.loss_types if cls.required_streams is None else cls.required_streams
+
+    def reward_problem(self, trace: Trace) -> str | None:
+        """Why ``trace``'s rewards cannot be used by this algorithm, or None."""
+        if self.uses_reward and not trace.rewards:
+            return (f"role {trace.agent!r} recorded no reward, but {self.name} computes credit from rewards; call "
+                    "trace.add_reward(name, value) in the env's run() or finalize()")
+        if self.reward_range is not None:
+            low, high = self.reward_range
+            if not low <= trace.reward <= high:
+                return (f"role {trace.agent!r}: {self.name} needs rewards in [{low:g}, {high:g}], got "
+                        f"{trace.reward:g}; map the env's rewards into that range (a success indicator or an "
+                        "affine rescaling) or choose grpo / rae, which take any finite reward")
+        return None
 
     def __init__(self, config: AlgorithmConfig | dict[str, Any] | None = None):
         if config is None:

@@ -41,6 +41,7 @@ def observation_weights(trace: Trace, alpha: float) -> list[float]:
 class Echo(GRPO):
     config_class = EchoConfig
     loss_types = ("rl", "ce")
+    required_streams = ("rl",)  # single-turn traces have no observations for the ce stream
 
     config: EchoConfig
 

@@ -62,6 +62,11 @@ def relative_advantages(
 class GRPO(Algorithm):
     config_class = GRPOConfig
     loss_types = ("rl",)
+    uses_reward = True
+
+    @classmethod
+    def needs_group(cls, config, role) -> bool:
+        return True
 
     config: GRPOConfig
 

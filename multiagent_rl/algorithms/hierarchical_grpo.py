@@ -32,6 +32,10 @@ class HierarchicalGRPO(GRPO):
     config_class = HierarchicalGRPOConfig
     loss_types = ("rl",)
 
+    @classmethod
+    def needs_group(cls, config, role) -> bool:
+        return role not in config.episode_group_roles
+
     config: HierarchicalGRPOConfig
 
     def peer_key(self, index: int, episode: Episode, trace: Trace) -> Hashable:

@@ -28,6 +28,12 @@ class MaxRLConfig(AlgorithmConfig):
 class MaxRL(Algorithm):
     config_class = MaxRLConfig
     loss_types = ("rl",)
+    uses_reward = True
+    reward_range = (0.0, 1.0)
+
+    @classmethod
+    def needs_group(cls, config, role) -> bool:
+        return True
 
     def score_group(self, episodes: list[Episode], roles: set[str] | None = None) -> None:
         for members in peer_groups(episodes, roles).values():

@@ -94,6 +94,8 @@ class OPD(Algorithm):
         sequences = [t.token_ids for t in traces]
         check_vocab(self.teacher, sequences, f"opd teacher {self.config.teacher!r}")
         allowed = [t.allowed_token_ids for t in traces]
-        scores = token_logprobs(self.teacher, sequences, batch_size=self.config.batch_size, allowed=allowed)
+        temperatures = [t.token_temperatures for t in traces]  # the teacher is read as the student is trained
+        scores = token_logprobs(self.teacher, sequences, batch_size=self.config.batch_size, allowed=allowed,
+                                temperatures=temperatures)
         for trace, logprobs in zip(traces, scores):
             trace.streams = teacher_streams(self.name, trace, logprobs)

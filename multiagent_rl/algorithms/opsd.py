@@ -96,6 +96,8 @@ class OPSD(Algorithm):
         sequences = [hint + t.token_ids for t in traces]
         check_vocab(self.teacher, sequences, "opsd teacher (the policy)")
         allowed = [[None] * len(hint) + t.allowed_token_ids for t in traces]
-        scores = token_logprobs(self.teacher, sequences, batch_size=self.config.batch_size, allowed=allowed)
+        temperatures = [[None] * len(hint) + t.token_temperatures for t in traces]  # as the student is trained
+        scores = token_logprobs(self.teacher, sequences, batch_size=self.config.batch_size, allowed=allowed,
+                                temperatures=temperatures)
         for trace, logprobs in zip(traces, scores):
             trace.streams = teacher_streams(self.name, trace, logprobs, offset=len(hint))

@@ -31,6 +31,7 @@ class RAEConfig(AlgorithmConfig):
 class RAE(Algorithm):
     config_class = RAEConfig
     loss_types = ("rl",)
+    uses_reward = True
 
     config: RAEConfig
 

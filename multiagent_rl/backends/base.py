@@ -57,3 +57,12 @@ class GenerationBackend(Protocol):
     tokenizer: object
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation: ...
+
+
+def check_context(prompt_tokens: int, max_new_tokens: int, limit: int | None, model_id: str) -> None:
+    """Refuse a request whose prompt plus reply would not fit the model's context."""
+    if limit is not None and prompt_tokens + max_new_tokens > limit:
+        raise ValueError(
+            f"prompt of {prompt_tokens} tokens + max_new_tokens {max_new_tokens} exceeds the context of model "
+            f"{model_id!r} ({limit} positions); shorten the prompt or the conversation, or lower max_new_tokens"
+        )

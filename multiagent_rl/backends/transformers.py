@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import Generation, SamplingParams
+from .base import Generation, SamplingParams, check_context
 
 
 @dataclass
@@ -40,6 +40,8 @@ class TransformersBackend:
         self.gather_ticks = gather_ticks
         self.eos_token_ids = _eos_ids(model, tokenizer)
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
+        self.max_context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+        """Most positions the model takes (prompt + reply); None when the model does not say."""
         self.num_generate_calls = 0
         self.num_requests = 0
         self._pending: list[_Request] = []
@@ -48,6 +50,7 @@ class TransformersBackend:
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
         if not prompt_ids:
             raise ValueError("generate() needs at least one prompt token")
+        check_context(len(prompt_ids), params.max_new_tokens, self.max_context, self.model_id)
         future = asyncio.get_running_loop().create_future()
         self._pending.append(_Request(list(prompt_ids), params, future))
         if self._worker is None or self._worker.done():

@@ -1,0 +1,184 @@
+"""Where played episodes go: the episode log.
+
+An :class:`EpisodeSink` receives every step's episodes (``write``) and, when a run resumes from a
+checkpoint at step k, forgets what it received for steps ≥ k (``resume``), so each episode is kept
+exactly once. :class:`JsonlEpisodeSink` writes one JSON line per episode to
+``output_dir/episodes/rank{r}.jsonl``.
+
+Each line is strict JSON (a non-finite float is written as ``null``; the episode's error says what
+it was) with one schema for every environment: the free-form mappings (``task.info``,
+``episode.info``, ``trace.info``, ``trace.metrics``, ``task.config``) are JSON-encoded strings, and
+every key is always present. So the logs of different runs load together::
+
+    datasets.load_dataset("json", data_files=["run_a/episodes/rank0.jsonl", "run_b/episodes/rank0.jsonl"])
+
+and :func:`read_episodes` turns a log back into :class:`~multiagent_rl.episode.Episode` objects.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+from .episode import Episode
+from .task import Task, TaskData
+from .trace import RewardRecord, Segment, TokenStreams, Trace
+
+logger = logging.getLogger(__name__)
+
+
+class EpisodeSink(Protocol):
+    """Receives the episodes of every training step."""
+
+    def write(self, episodes: list[Episode], step: int) -> None:
+        """Keep the episodes played at ``step`` (called once per step, in step order)."""
+
+    def resume(self, step: int) -> None:
+        """The run restarts at ``step``: drop everything written for steps >= ``step``."""
+
+
+def _finite(x: Any) -> Any:
+    """``x`` with every non-finite float replaced by None, recursively (strict JSON has no NaN)."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x
+
+
+def _text(mapping: Any) -> str:
+    return json.dumps(_finite(mapping), allow_nan=False, sort_keys=True, default=str)
+
+
+def trace_record(trace: Trace) -> dict[str, Any]:
+    """A trace as a fixed-schema JSON object (see the module docstring)."""
+    streams = trace.streams
+    return _finite({
+        "agent": trace.agent,
+        "trainable": trace.trainable,
+        "model": trace.model,
+        "segments": [
+            {"kind": s.kind, "token_ids": s.token_ids, "logprobs": s.logprobs, "allowed": s.allowed,
+             "temperature": s.temperature}
+            for s in trace.segments
+        ],
+        "messages": [{"role": str(m.get("role")), "content": str(m.get("content"))} for m in trace.messages],
+        "rewards": [{"name": r.name, "value": r.value, "weight": r.weight} for r in trace.rewards],
+        "reward": trace.reward,
+        "metrics": _text(trace.metrics),
+        "info": _text(trace.info),
+        "error": trace.error,
+        "last_reply": trace.last_reply,
+        "streams": None if streams is None else {
+            "algorithm": streams.algorithm, "rl": streams.rl, "ce": streams.ce, "ref_kl": streams.ref_kl,
+            "ref_logprobs": streams.ref_logprobs,
+        },
+    })
+
+
+def episode_record(episode: Episode, step: int) -> dict[str, Any]:
+    """An episode as a fixed-schema JSON object, tagged with the training step that played it."""
+    data = episode.task.data
+    return {
+        "step": step,
+        "id": episode.id,
+        "group": episode.group,
+        "env": episode.env,
+        "ok": episode.ok,
+        "errors": list(episode.errors),
+        "info": _text(episode.info),
+        "task": {
+            "prompt": data.prompt, "system_prompt": data.system_prompt,
+            "answer": None if data.answer is None else str(data.answer), "id": data.id,
+            "info": _text(data.info), "config": _text(episode.task.config),
+        },
+        "traces": [trace_record(t) for t in episode.traces],
+    }
+
+
+def _trace_from_record(d: dict[str, Any]) -> Trace:
+    streams = d["streams"]
+    return Trace(
+        agent=d["agent"],
+        segments=[Segment(**s) for s in d["segments"]],
+        trainable=d["trainable"],
+        model=d["model"],
+        messages=d["messages"],
+        rewards=[RewardRecord(r["name"], r["value"], r["weight"]) for r in d["rewards"]],
+        metrics=json.loads(d["metrics"]),
+        info=json.loads(d["info"]),
+        error=d["error"],
+        last_reply=d["last_reply"],
+        streams=None if streams is None else TokenStreams(**streams),
+    )
+
+
+def episode_from_record(d: dict[str, Any]) -> Episode:
+    """The inverse of :func:`episode_record` (the step is ``d["step"]``)."""
+    t = d["task"]
+    data = TaskData(prompt=t["prompt"], system_prompt=t["system_prompt"], answer=t["answer"],
+                    info=json.loads(t["info"]), id=t["id"])
+    return Episode(
+        id=d["id"], task=Task(data, json.loads(t["config"])), group=d["group"], env=d["env"],
+        traces=[_trace_from_record(x) for x in d["traces"]], errors=list(d["errors"]), ok=d["ok"],
+        info=json.loads(d["info"]),
+    )
+
+
+def read_episodes(path: str | os.PathLike) -> Iterator[tuple[int, Episode]]:
+    """``(step, episode)`` for every line of an episode log."""
+    with open(path) as f:
+        for line in f:
+            d = json.loads(line)
+            yield d["step"], episode_from_record(d)
+
+
+class JsonlEpisodeSink:
+    """One JSON line per episode in ``folder/rank{rank}.jsonl``, appended and flushed every step.
+
+    >>> sink = JsonlEpisodeSink("outputs/run/episodes", rank=0)  # doctest: +SKIP
+    """
+
+    def __init__(self, folder: str | os.PathLike, rank: int = 0):
+        self.path = Path(folder) / f"rank{rank}.jsonl"
+
+    def write(self, episodes: list[Episode], step: int) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        text = "".join(json.dumps(episode_record(ep, step), allow_nan=False) + "\n" for ep in episodes)
+        with open(self.path, "a") as f:  # appended every step, so a crash loses nothing already played
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def resume(self, step: int) -> None:
+        """Keep only the complete lines of steps before ``step`` (a killed run may have left a partial line).
+
+        ``step`` 0 is a fresh run: an existing log is renamed aside (``rank0.<time>.jsonl``), never deleted.
+        """
+        if not self.path.exists():
+            return
+        if step == 0:
+            if self.path.stat().st_size:
+                aside = self.path.with_name(f"{self.path.stem}.{time.strftime('%Y%m%d-%H%M%S')}.jsonl")
+                os.replace(self.path, aside)
+                logger.warning("%s held episodes of an earlier run: moved to %s", self.path, aside)
+            return
+        kept = []
+        with open(self.path) as f:
+            for line in f:
+                try:
+                    if json.loads(line)["step"] < step:
+                        kept.append(line if line.endswith("\n") else line + "\n")
+                except (json.JSONDecodeError, KeyError, TypeError):
+                    continue  # the torn last line of a killed run
+        tmp = self.path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(kept))
+        os.replace(tmp, self.path)
