@@ -109,13 +109,7 @@ class ChatTemplate:
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
 
     def encode(self, text: str) -> list[int]:
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise ValueError(
-                f"text cannot be encoded as UTF-8 ({exc.reason} at position {exc.start}: {text[exc.start:exc.end]!r}); "
-                "remove lone surrogates, e.g. text.encode('utf-8', 'replace').decode()"
-            ) from None
+        check_encodable(text)
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def prompt_ids(self, messages: list[dict[str, Any]]) -> list[int]:
@@ -155,6 +149,17 @@ class ChatTemplate:
             )
         close = self.turn_close[len(self.eos_text) :] if reply_ended_turn else self.turn_close
         return self.encode(close + after[len(before) :])
+
+
+def check_encodable(text: str) -> None:
+    """Raise a clear ValueError for text a tokenizer cannot take (lone surrogates are not UTF-8)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"text cannot be encoded as UTF-8 ({exc.reason} at position {exc.start}: {text[exc.start:exc.end]!r}); "
+            "remove lone surrogates, e.g. text.encode('utf-8', 'replace').decode()"
+        ) from None
 
 
 def _cached(cache: OrderedDict, key, compute, size: int = 4096) -> list[int]:
@@ -249,6 +254,8 @@ class Interaction:
         agent, trace = self.agent, self.trace
         if self.turns >= agent.config.harness.max_turns:
             raise TurnLimitReached(f"{trace.agent}: max_turns={agent.config.harness.max_turns} reached")
+        if text is not None:
+            check_encodable(text)
         if not trace.segments:
             system = self.task.data.system_prompt or agent.config.harness.system_prompt
             if system:

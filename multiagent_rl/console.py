@@ -30,7 +30,8 @@ def console_line(logs: dict, step: int, max_steps: int) -> str:
     failed = sum(v for k, v in logs.items() if k.endswith("/failed_episodes") and isinstance(v, (int, float)))
     if failed:
         parts.append(f"failed {failed:g}")
-    losses = [f"{s} {logs[f'loss/{s}']:.4g}" for s in ("rl", "ce", "ref_kl") if logs.get(f"loss/{s}")]
+    losses = [f"{s} {logs[f'loss/{s}']:.4g}" for s in ("rl", "ce", "ref_kl")
+              if isinstance(logs.get(f"loss/{s}"), (int, float)) and (s == "rl" or logs[f"loss/{s}"])]
     if losses:
         parts.append("loss " + " ".join(losses))
     if logs.get("health/skipped_steps"):

@@ -8,9 +8,13 @@ exactly once. :class:`JsonlEpisodeSink` writes one JSON line per episode to
 Each line is strict JSON (a non-finite float is written as ``null``; the episode's error says what
 it was) with one schema for every environment: the free-form mappings (``task.info``,
 ``episode.info``, ``trace.info``, ``trace.metrics``, ``task.config``) are JSON-encoded strings, and
-every key is always present. So the logs of different runs load together::
+every key is always present. The logs of different runs therefore load together as one
+``datasets.Dataset`` under the fixed features :func:`episode_features` (JSON itself cannot say the
+type of a column that is empty or null in a whole file, e.g. ``allowed`` in a run without
+constrained choices, so the features are given rather than inferred)::
 
-    datasets.load_dataset("json", data_files=["run_a/episodes/rank0.jsonl", "run_b/episodes/rank0.jsonl"])
+    load_episode_logs(["run_a/episodes/rank0.jsonl", "run_b/episodes/rank0.jsonl"])
+    # = datasets.load_dataset("json", data_files=[...], features=episode_features(), split="train")
 
 and :func:`read_episodes` turns a log back into :class:`~multiagent_rl.episode.Episode` objects.
 """
@@ -139,6 +143,34 @@ def read_episodes(path: str | os.PathLike) -> Iterator[tuple[int, Episode]]:
         for line in f:
             d = json.loads(line)
             yield d["step"], episode_from_record(d)
+
+
+def episode_features():
+    """The ``datasets.Features`` of one episode-log line (see the module docstring)."""
+    from datasets import Features, List, Value
+
+    text, floats, ints = Value("string"), List(Value("float64")), List(Value("int64"))
+    segment = {"kind": text, "token_ids": ints, "logprobs": floats, "allowed": List(ints), "temperature": Value("float64")}
+    streams = {"algorithm": text, "rl": floats, "ce": floats, "ref_kl": floats, "ref_logprobs": floats}
+    trace = {
+        "agent": text, "trainable": Value("bool"), "model": text, "segments": List(segment),
+        "messages": List({"role": text, "content": text}),
+        "rewards": List({"name": text, "value": Value("float64"), "weight": Value("float64")}),
+        "reward": Value("float64"), "metrics": text, "info": text, "error": text, "last_reply": text, "streams": streams,
+    }
+    task = {"prompt": text, "system_prompt": text, "answer": text, "id": text, "info": text, "config": text}
+    return Features({
+        "step": Value("int64"), "id": text, "group": text, "env": text, "ok": Value("bool"), "errors": List(text),
+        "info": text, "task": task, "traces": List(trace),
+    })
+
+
+def load_episode_logs(paths: str | os.PathLike | list[str | os.PathLike]):
+    """Episode logs (one or several runs) as one ``datasets.Dataset``, one row per episode."""
+    import datasets
+
+    files = [str(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths)]
+    return datasets.load_dataset("json", data_files=files, features=episode_features(), split="train")
 
 
 class JsonlEpisodeSink:

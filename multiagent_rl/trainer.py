@@ -494,8 +494,9 @@ class MixedAlgorithmTrainer(GRPOTrainer):
         ce_tokens = -logps * inputs["ce_weights"]
         # Sampled-token reverse KL to the teacher in policy-gradient form: per-token advantage
         # log π_T − log π_θ (detached), so its gradient is zero when the teacher equals the student.
-        ref_advantage = (inputs["ref_logps"] - logps).detach()
-        ref_tokens = -ratio * ref_advantage * inputs["ref_kl_weights"]
+        ref_weights = inputs["ref_kl_weights"]
+        ref_advantage = torch.where(ref_weights != 0, inputs["ref_logps"] - logps, 0.0).detach()
+        ref_tokens = -ratio * ref_advantage * ref_weights
         streams = {
             "rl": (rl_tokens, inputs["num_rl_tokens"]),
             "ce": (ce_tokens, inputs["num_ce_tokens"]),

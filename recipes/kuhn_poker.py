@@ -1,6 +1,7 @@
 """Kuhn poker self-play, measured exactly.
 
     python recipes/kuhn_poker.py                       # tiny model, CPU, rae, ~10 minutes on 2 cores
+    python recipes/kuhn_poker.py --resume              # continue from the latest checkpoint in --output-dir
     accelerate launch recipes/kuhn_poker.py --model Qwen/Qwen2.5-0.5B-Instruct
 
 One policy plays both seats. Every reply goes through the legal-action harness: it is constrained
@@ -13,8 +14,13 @@ two legal words, which keeps the policy from collapsing into pure strategies. Ev
 ``--eval-every`` steps the policy's action probabilities are read at all 12 information states
 and OpenSpiel computes the exploitability of the current policy and of the reach-weighted average
 of the policies seen so far (self-play policy gradient cycles; the average converges).
-Outputs in ``--output-dir``: ``summary.json``, ``exploitability.png``, the episodes (JSON lines)
-and the final model.
+
+A checkpoint is saved every ``--save-every`` steps (``--resume`` continues from the latest, with
+the same deals, baselines and evaluation curve as an uninterrupted run). Ctrl-C finishes the step
+in flight, saves a checkpoint, the summary and the model, and exits with status 130.
+``--algo max_rl`` trains on the chips mapped to [0, 1], (chips + 2) / 4, since MaxRL needs
+rewards in [0, 1]. Outputs in ``--output-dir``: ``summary.json``, ``exploitability.png``, the
+episodes (JSON lines), checkpoints and the final model.
 """
 
 from __future__ import annotations
@@ -22,23 +28,32 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 from multiagent_rl.config import ExperimentConfig  # noqa: E402
+from multiagent_rl.envs.kuhn_poker import KuhnPokerEnv  # noqa: E402
 from multiagent_rl.eval import kuhn  # noqa: E402
 from multiagent_rl.eval.kuhn import KuhnEvaluation  # noqa: E402
-from multiagent_rl.trainer import MixedAlgorithmTrainer, WarmupLearningRate  # noqa: E402
+from multiagent_rl.trainer import MixedAlgorithmTrainer, TrainingInterrupted, WarmupLearningRate  # noqa: E402
 
 WARMUP_POLICY = "multiagent_rl.envs.kuhn_poker:random_mixed_policy"
+
+DEFAULTS = dict(model="tiny", algo="rae", steps=500, warmup_steps=100, group_size=8, groups_per_step=32, lr=3e-4,
+                warmup_lr=3e-3, entropy_coef=None, output_dir="outputs/kuhn_poker", seed=0, report_to=[])
+# Flags that rewrite a --config file's settings, and where they go.
+OVERRIDES = {"steps": "max_steps", "lr": "learning_rate", "seed": "seed", "report_to": "report_to",
+             "groups_per_step": "groups_per_step", "entropy_coef": "entropy_coef", "output_dir": "output_dir"}
+NOT_WITH_CONFIG = ("warmup_steps", "warmup_lr", "free_text")
 
 
 def experiment(args) -> ExperimentConfig:
     """The run as one config object (the same schema as ``--config file.toml``)."""
     warmup_seat = {"model": "scripted", "policy": WARMUP_POLICY, "policy_args": {"seed": args.seed, "low": 0.1, "high": 0.9, "two_point": True},
-                   "trainable": True, "algo": {"type": "sft"}}
-    env_args = {"legal_choices": not args.free_text}
+                   "algo": {"type": "sft"}}
+    env_args = {"legal_choices": not args.free_text, "reward": "unit" if args.algo == "max_rl" else "chips"}
     envs = [{"id": "kuhn_poker", "name": "kuhn_selfplay", "args": env_args, "group_size": args.group_size,
              "start_step": args.warmup_steps}]
     if args.warmup_steps:
@@ -58,11 +73,34 @@ def experiment(args) -> ExperimentConfig:
             "groups_per_step": args.groups_per_step,
             "seed": args.seed,
             "report_to": args.report_to,
-            "save_strategy": "no",
             "logging_steps": args.eval_every,
             "disable_tqdm": False,
         },
     })
+
+
+def from_file(path: str, args, given: set[str]) -> ExperimentConfig:
+    """A TOML experiment, with the flags given on the command line written over it."""
+    config = ExperimentConfig.from_toml(path)
+    clash = sorted(f"--{k.replace('_', '-')}" for k in given & set(NOT_WITH_CONFIG))
+    if clash:
+        raise SystemExit(f"{', '.join(clash)} cannot be combined with --config: set the phase in the file instead")
+    data = config.model_dump()
+    for flag, key in OVERRIDES.items():
+        if flag in given:
+            data["trainer"][key] = getattr(args, flag)
+    if "model" in given:
+        data["model"]["name"] = args.model
+    if "algo" in given:
+        data["algo"] = _algo(args.algo)
+    for env, original in zip(data["env"], config.env):
+        env["instance"] = original.instance
+        if "group_size" in given:
+            env["group_size"] = args.group_size
+        if "algo" in given and args.algo == "max_rl" and env["id"] == "kuhn_poker":
+            env["args"]["reward"] = "unit"
+    data["trainer"].setdefault("output_dir", args.output_dir)
+    return ExperimentConfig.model_validate(data)
 
 
 def _algo(name: str) -> dict:
@@ -71,65 +109,94 @@ def _algo(name: str) -> dict:
     return {"type": name}
 
 
-def main(argv=None) -> dict:
+def parse(argv=None) -> tuple[argparse.Namespace, set[str]]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="tiny", help="'tiny' (embedded, CPU), a hub id or a local path")
-    p.add_argument("--algo", default="rae", help="rae | grpo | grpo_std (grpo with std scaling) | max_rl | ...")
-    p.add_argument("--steps", type=int, default=500, help="training steps, warm-up included")
-    p.add_argument("--warmup-steps", type=int, default=100, help="sft steps imitating a random mixed strategy")
-    p.add_argument("--group-size", type=int, default=8, help="episodes per deal")
-    p.add_argument("--groups-per-step", type=int, default=32, help="deals per step per process")
-    p.add_argument("--lr", type=float, default=3e-4, help="Adam learning rate of the RL phase")
-    p.add_argument("--warmup-lr", type=float, default=3e-3, help="learning rate of the sft warm-up")
-    p.add_argument("--entropy-coef", type=float, default=None,
+    p.add_argument("--model", help="'tiny' (embedded, CPU), a hub id or a local path (default tiny)")
+    p.add_argument("--algo", help="rae (default) | grpo | grpo_std (grpo with std scaling) | max_rl | ...")
+    p.add_argument("--steps", type=int, help="training steps, warm-up included (default 500)")
+    p.add_argument("--warmup-steps", type=int, help="sft steps imitating a random mixed strategy (default 100)")
+    p.add_argument("--group-size", type=int, help="episodes per deal (default 8)")
+    p.add_argument("--groups-per-step", type=int, help="deals per step per process (default 32)")
+    p.add_argument("--lr", type=float, help="Adam learning rate of the RL phase (default 3e-4)")
+    p.add_argument("--warmup-lr", type=float, help="learning rate of the sft warm-up (default 3e-3)")
+    p.add_argument("--entropy-coef", type=float,
                    help="entropy bonus on the RL tokens (TRL's entropy_coef). Default 0.3 with the legal-action "
                         "harness, where it is the entropy over the two legal words and keeps self-play from "
                         "collapsing to pure strategies; 0 with --free-text, where it would spread mass over the "
                         "whole vocabulary")
-    p.add_argument("--free-text", action="store_true",
+    p.add_argument("--free-text", action="store_true", default=None,
                    help="free-text replies (invalid ones re-prompted, then forfeited) instead of the legal-action harness")
-    p.add_argument("--eval-every", type=int, default=10)
-    p.add_argument("--output-dir", default="outputs/kuhn_poker")
-    p.add_argument("--config", help="a TOML experiment config; replaces the flags above except --output-dir")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--report-to", nargs="*", default=[], help="trackers, e.g. wandb (WANDB_MODE=offline) or trackio")
+    p.add_argument("--eval-every", type=int, default=10, help="steps between exact evaluations (and log lines)")
+    p.add_argument("--save-every", type=int, default=100, help="steps between checkpoints (0: none)")
+    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --output-dir")
+    p.add_argument("--output-dir", help="where everything is written (default outputs/kuhn_poker)")
+    p.add_argument("--config", help="a TOML experiment config; flags given explicitly are written over it")
+    p.add_argument("--seed", type=int, help="default 0")
+    p.add_argument("--report-to", nargs="*", help="trackers, e.g. wandb (WANDB_MODE=offline) or trackio")
     args = p.parse_args(argv)
+    given = {k for k, v in vars(args).items() if v is not None and k in DEFAULTS or (k == "free_text" and v)}
+    for key, value in DEFAULTS.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    args.free_text = bool(args.free_text)
     if args.entropy_coef is None:
         args.entropy_coef = 0.0 if args.free_text else 0.3
+    return args, given
 
-    config = ExperimentConfig.from_toml(args.config) if args.config else experiment(args)
-    config.trainer.setdefault("output_dir", args.output_dir)
-    warmup = max((e.stop_step or 0) for e in config.env if e.stop_step is not None) if any(
-        e.stop_step for e in config.env) else 0
-    legal_choices = any(e.args.get("legal_choices", False) for e in config.env if e.id == "kuhn_poker")
-    evaluation = KuhnEvaluation(args.eval_every, start_step=warmup, legal_choices=legal_choices)
+
+def main(argv=None) -> dict:
+    args, given = parse(argv)
+    config = from_file(args.config, args, given) if args.config else experiment(args)
+    trainer_cfg = config.trainer
+    trainer_cfg.setdefault("output_dir", args.output_dir)
+    if args.save_every:
+        trainer_cfg.update(save_strategy="steps", save_steps=args.save_every, save_total_limit=2)
+    else:
+        trainer_cfg["save_strategy"] = "no"
+    stops = [e.stop_step for e in config.env if e.stop_step is not None]
+    warmup = max(stops, default=0)
+    evaluation = KuhnEvaluation(args.eval_every, start_step=warmup)
     trainer = MixedAlgorithmTrainer(config, callbacks=[evaluation, WarmupLearningRate(warmup, args.warmup_lr)])
     evaluation.trainer = trainer
-    trainer.train()
+    legal_choices = any(isinstance(env, KuhnPokerEnv) and env.legal_choices for env in trainer.envs)
+    evaluation.legal_choices = legal_choices
+    interrupted = None
+    try:
+        trainer.train(resume_from_checkpoint=True if args.resume else None)
+    except TrainingInterrupted as exc:
+        interrupted = exc
 
     out = Path(trainer.args.output_dir)
-    final = evaluation.points[-1]
+    final = evaluation.points[-1] if evaluation.points else {}
+    model = trainer.accelerator.unwrap_model(trainer.model)
     summary = {
-        "command": "python recipes/kuhn_poker.py " + " ".join(argv if argv is not None else os.sys.argv[1:]),
+        "command": "python recipes/kuhn_poker.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "algo": config.algo.model_dump(),
         "legal_choices": legal_choices,
-        "final_exploitability": final["exploitability"],
-        "final_avg_exploitability": final["avg_exploitability"],
-        "final_invalid_reply_rate": final["invalid_reply_rate"],
-        "episodes": final["episodes"],
-        "seconds": final["seconds"],
-        "report": kuhn.evaluation_report(kuhn.read_policy(
-            trainer.accelerator.unwrap_model(trainer.model), trainer.tokenizer, legal_choices=legal_choices)),
+        "steps": trainer.state.global_step,
+        "interrupted": interrupted is not None,
+        "final_exploitability": final.get("exploitability"),
+        "final_avg_exploitability": final.get("avg_exploitability"),
+        "final_invalid_reply_rate": final.get("invalid_reply_rate"),
+        "episodes": trainer.episodes_played,
+        "seconds": final.get("seconds"),
+        "report": kuhn.evaluation_report(kuhn.read_policy(model, trainer.tokenizer, legal_choices=legal_choices)),
         "avg_report": kuhn.evaluation_report(evaluation.average.table()) if len(evaluation.average) else None,
         "curve": evaluation.points,
     }
     if trainer.accelerator.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
-        kuhn.plot_exploitability(evaluation.points, str(out / "exploitability.png"))
+        if evaluation.points:
+            kuhn.plot_exploitability(evaluation.points, str(out / "exploitability.png"))
         trainer.save_model(str(out / "final_model"))
         print(json.dumps({k: v for k, v in summary.items() if k not in ("curve", "report", "avg_report")}, indent=2))
         print(f"wrote {out / 'summary.json'} and {out / 'exploitability.png'}")
+        if interrupted is not None:
+            print(f"interrupted at step {interrupted.step}: checkpoint {interrupted.checkpoint}, summary "
+                  f"{out / 'summary.json'}, model {out / 'final_model'}; continue with --resume", flush=True)
+    if interrupted is not None:
+        sys.exit(130)
     return summary
 
 

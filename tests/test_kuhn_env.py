@@ -82,10 +82,10 @@ def test_scripted_nash_players_earn_the_game_value():
     import random
 
     env = kp.KuhnPokerEnv()
-    agents = {r: mrl.make_agent(mrl.AgentConfig(model="scripted", policy=kp.nash_policy(1 / 6, seed=i)))
+    agents = {r: mrl.make_agent(mrl.AgentConfig(model="scripted", policy=kp.nash_policy(1 / 6)))
               for i, r in enumerate(kp.ROLES)}
     tasks = env.sample_tasks(3000, random.Random(0))
-    eps = asyncio.run(mrl.play_episodes(env, tasks, agents))
+    eps = asyncio.run(mrl.play_episodes(env, tasks, agents, seed="0"))
     mean = sum(e.by_agent("player_0")[0].reward for e in eps) / len(eps)
     assert abs(mean - kuhn.NASH_VALUE_P0) < 0.06  # -1/18 ± ~3 standard errors
 

@@ -125,9 +125,8 @@ def trained_rows(episodes):
 # -- 1. GRPO parity with TRL --------------------------------------------------------------------
 
 
-def _grpo_episodes():
+def _grpo_episodes(rewards=(1.0, 0.0, 0.5, 2.0)):  # default: mean 0.875, no sample has a zero advantage
     rng = random.Random(0)
-    rewards = [1.0, 0.0, 0.5, 2.0]  # mean 0.875: no sample has a zero advantage
     return [
         make_episode(f"e{k}", "g0", "single", 0,
                      [make_trace("agent", [("prompt", ids(rng, 3 + 2 * k)), ("action", ids(rng, 6 - k))], r)])
@@ -151,11 +150,16 @@ def _trl_trainer(tmp_path, tiny, accumulation: int, steps_per_generation: int) -
                        train_dataset=Dataset.from_dict({"prompt": ["x"] * 8}), processing_class=tok)
 
 
+REWARD_SETS = {"distinct": (1.0, 0.0, 0.5, 2.0), "ties": (1.0, 0.0, 0.5, 0.5), "all_equal": (1.0, 1.0, 1.0, 1.0)}
+
+
+@pytest.mark.parametrize("reward_set", list(REWARD_SETS))
 @pytest.mark.parametrize("accumulation, steps_per_generation", [(1, 1), (2, 2), (1, 2)])
-def test_all_grpo_loss_and_gradients_equal_trl(tmp_path, tiny, accumulation, steps_per_generation):
-    """Per micro-batch, on-policy (ratio 1) and off-policy (clipped ratios), loss and gradients equal TRL's."""
+def test_all_grpo_loss_and_gradients_equal_trl(tmp_path, tiny, accumulation, steps_per_generation, reward_set):
+    """Per micro-batch, on-policy (ratio 1) and off-policy (clipped ratios), loss and gradients equal TRL's,
+    for any rewards: zero-advantage samples (ties, an all-equal group) count in the rl token count as in TRL."""
     experiment = {"algo": {"type": "grpo"}, "env": [{"id": "single", "instance": single_env(), "group_size": 4}]}
-    episodes = _grpo_episodes()
+    episodes = _grpo_episodes(REWARD_SETS[reward_set])
     rewards = torch.tensor([ep.traces[0].reward for ep in episodes])
     expected_adv = rewards - rewards.mean()
 
@@ -196,7 +200,8 @@ def test_all_grpo_loss_and_gradients_equal_trl(tmp_path, tiny, accumulation, ste
             m_loss, m_grads = loss_and_grads(mixed, m_in, accumulation)
             t_loss, t_grads = loss_and_grads(trl, t_in, accumulation)
             assert abs(m_loss.item() - t_loss.item()) < 1e-6, (name, m_loss, t_loss)
-            assert max_grad(t_grads) > 1e-3  # a real gradient, not two zeros
+            if t_in["advantages"].abs().sum() > 0:
+                assert max_grad(t_grads) > 1e-3  # a real gradient, not two zeros
             assert max_grad_diff(m_grads, t_grads) < 1e-6, name
             losses.append(m_loss)
             grads.append(m_grads)
@@ -207,6 +212,24 @@ def test_all_grpo_loss_and_gradients_equal_trl(tmp_path, tiny, accumulation, ste
     mask = batch["completion_mask"].float()
     whole = (-(expected_adv[:, None] * mask).sum() / mask.sum()).item()
     assert abs(sums["on"][0].item() - whole * steps_per_generation / accumulation) < 1e-6
+
+
+def test_skip_zero_advantage_scales_the_rl_step_by_the_share_of_nonzero_tokens(tmp_path, tiny):
+    """The documented option: zero-advantage samples leave the rl token count, so loss and gradient are TRL's
+    × N_all / N_nonzero."""
+    experiment = {"algo": {"type": "grpo"}, "env": [{"id": "single", "instance": single_env(), "group_size": 4}]}
+    episodes = _grpo_episodes(REWARD_SETS["ties"])
+    counted = fixed_trainer(tmp_path / "a", tiny, experiment, episodes)
+    skipped = fixed_trainer(tmp_path / "b", tiny, experiment, episodes, skip_zero_advantage=True)
+    batch_all = counted._generate_and_score_completions(None)
+    batch_nonzero = skipped._generate_and_score_completions(None)
+    n_all, n_nonzero = batch_all["num_rl_tokens"].item(), batch_nonzero["num_rl_tokens"].item()
+    assert n_nonzero < n_all
+    loss_all, grads_all = loss_and_grads(counted, batch_all)
+    loss_nonzero, grads_nonzero = loss_and_grads(skipped, batch_nonzero)
+    assert loss_nonzero.item() == pytest.approx(loss_all.item() * n_all / n_nonzero, rel=1e-5)
+    for n in grads_all:
+        torch.testing.assert_close(grads_nonzero[n], grads_all[n] * n_all / n_nonzero, rtol=1e-4, atol=1e-7)
 
 
 # -- 2. cross-entropy stream --------------------------------------------------------------------
@@ -448,7 +471,7 @@ def test_three_algorithms_two_environments_train(tmp_path, tiny):
         "env": [
             {"id": "kuhn_poker", "group_size": 2, "roles": {
                 # a scripted dealer-side player the policy imitates, and the policy's seat under RAE
-                "player_0": {"model": "scripted", "policy": random_policy(0), "trainable": True,
+                "player_0": {"model": "scripted", "policy": random_policy(), "trainable": True,
                              "algo": {"type": "sft"}},
                 "player_1": {"algo": {"type": "rae"}},
             }},
@@ -514,7 +537,7 @@ def test_config_errors_name_the_key_and_the_fix(config, words):
 
 def test_trainer_build_errors(tmp_path, tiny):
     model, tok = tiny
-    scripted = {"model": "scripted", "policy": random_policy(0), "trainable": True}
+    scripted = {"model": "scripted", "policy": random_policy(), "trainable": True}
     cases = [
         # a seat the env does not have
         ({"env": [{"id": "kuhn_poker", "roles": {"player_2": {"trainable": False}}}]},
@@ -553,7 +576,6 @@ weight = 2.0
 [env.roles.player_1]
 model = "scripted"
 policy = "multiagent_rl.envs.kuhn_poker:random_policy"
-policy_args = {{ seed = 3 }}
 trainable = false
 
 [[env]]
@@ -591,7 +613,7 @@ learning_rate = 1e-3
 def test_rae_baselines_are_saved_and_restored(tmp_path, tiny):
     model, tok = tiny
     experiment = {"algo": {"type": "rae"}, "env": [{"id": "kuhn_poker", "group_size": 2, "roles": {
-        "player_1": {"model": "scripted", "policy": random_policy(0), "trainable": False}}}]}
+        "player_1": {"model": "scripted", "policy": random_policy(), "trainable": False}}}]}
     out = tmp_path / "ckpt"
 
     def make(max_steps):

@@ -9,7 +9,9 @@ Each decision is one turn of the seat's own conversation: the prompt states its 
 betting so far and its legal actions, and the reply's first word is the action. An invalid reply
 gets one re-prompt; a second invalid reply forfeits the hand: the seat gets ``invalid_penalty``
 (default -2, worse than any fold, so the policy is never better off babbling than folding) and
-the opponent wins its ante (+1). Reward = chips won by the seat.
+the opponent wins its ante (+1). Reward = chips won by the seat, or with ``reward="unit"`` the
+chips mapped affinely onto [0, 1], (chips + 2) / 4, for algorithms that need rewards in [0, 1]
+(``max_rl``); an affine map of a zero-sum game's payoffs keeps its equilibria.
 """
 
 from __future__ import annotations
@@ -96,12 +98,18 @@ class KuhnPokerEnv(Env):
     name = "kuhn_poker"
     roles = ROLES
 
-    def __init__(self, invalid_penalty: float = -2.0, reply_tokens: int = 1, legal_choices: bool = False):
+    def __init__(self, invalid_penalty: float = -2.0, reply_tokens: int = 1, legal_choices: bool = False,
+                 reward: str = "chips"):
         if invalid_penalty >= -1:
             raise ValueError(f"invalid_penalty={invalid_penalty} must be below -1 (a fold), or babbling beats folding")
+        if reward not in ("chips", "unit"):
+            raise ValueError(f"reward={reward!r}: use 'chips' (chips won) or 'unit' ((chips + 2) / 4, in [0, 1])")
+        if reward == "unit" and invalid_penalty < -2:
+            raise ValueError(f"reward='unit' maps chips in [-2, 2]; invalid_penalty={invalid_penalty} is below -2")
         self.invalid_penalty = invalid_penalty
         self.reply_tokens = reply_tokens
         self.legal_choices = legal_choices
+        self.reward = reward
 
     def sample_tasks(self, num: int, rng: random.Random) -> list[Task]:
         return [Task(TaskData(info={"cards": list(rng.choice(DEALS))})) for _ in range(num)]
@@ -135,31 +143,33 @@ class KuhnPokerEnv(Env):
             else:
                 chips = tuple(self.invalid_penalty if p == forfeit else 1.0 for p in (0, 1))
             for player, seat in enumerate(seats):
-                seat.trace.add_reward("chips", chips[player])
+                if self.reward == "unit":
+                    seat.trace.add_reward("unit_chips", (chips[player] + 2) / 4)
+                else:
+                    seat.trace.add_reward("chips", chips[player])
                 seat.trace.metrics.update(invalid_replies=invalid[player], forfeit=float(forfeit == player))
                 seat.trace.info.update(card=cards[player], history=list(history), chips=list(chips))
 
 
 # -- scripted opponents --------------------------------------------------------------------------
+# They draw their random moves from ``turn.rng``, the stream the episode gives each seat, so a
+# scripted opponent's moves are reproducible from the run's seed and resume exactly.
 
 
-def random_policy(seed: int | None = None):
+def random_policy():
     """Uniformly random legal actions (exploitability 0.458)."""
-    rng = random.Random(seed)
-    return lambda turn: rng.choice(legal_actions(turn.state["history"]))
+    return lambda turn: turn.rng.choice(legal_actions(turn.state["history"]))
 
 
-def table_policy(table: dict[Any, dict[str, float]], seed: int | None = None):
+def table_policy(table: dict[Any, dict[str, float]]):
     """Play a tabular policy ``{InfoState: {action: prob}}`` (see ``multiagent_rl.eval.kuhn``)."""
     from ..eval.kuhn import InfoState
-
-    rng = random.Random(seed)
 
     def act(turn) -> str:
         s = turn.state
         probs = table[InfoState(s["player"], s["card"], tuple(s["history"]))]
         actions = list(probs)
-        return rng.choices(actions, weights=[probs[a] for a in actions])[0]
+        return turn.rng.choices(actions, weights=[probs[a] for a in actions])[0]
 
     return act
 
@@ -167,7 +177,7 @@ def table_policy(table: dict[Any, dict[str, float]], seed: int | None = None):
 def random_mixed_policy(seed: int = 0, low: float = 0.1, high: float = 0.9, two_point: bool = False):
     """A random mixed strategy with its own P(bet or call) at each information state.
 
-    P is drawn from U[low, high], or from {low, high} with ``two_point``. No game knowledge: a
+    P is drawn (with ``seed``) from U[low, high], or from {low, high} with ``two_point``. No game knowledge: a
     warm-up teacher (via ``sft``) that fixes the reply format and makes the policy condition on
     its card, which a single uniform strategy would not. The further apart the states' strategies,
     the stronger the signal to look at the card: the 64-wide tiny model picks it up in ~75 sft
@@ -181,11 +191,11 @@ def random_mixed_policy(seed: int = 0, low: float = 0.1, high: float = 0.9, two_
         aggressive = rng.choice((low, high)) if two_point else rng.uniform(low, high)
         passive, bold = s.legal_actions  # (check, bet) or (fold, call)
         table[s] = {passive: 1 - aggressive, bold: aggressive}
-    return table_policy(table, seed=rng.randrange(2**31))
+    return table_policy(table)
 
 
-def nash_policy(alpha: float = 1 / 6, seed: int | None = None):
+def nash_policy(alpha: float = 1 / 6):
     """A Nash equilibrium policy of the one-parameter family, alpha in [0, 1/3]."""
     from ..eval.kuhn import nash_policy as nash_table
 
-    return table_policy(nash_table(alpha), seed)
+    return table_policy(nash_table(alpha))

@@ -575,22 +575,39 @@ def _constrained_row(model, template, context: list[int], actions: tuple[str, ..
 class KuhnEvaluation(TrainerCallback):
     """Exact evaluation at fixed steps: current and average policy exploitability, invalid replies.
 
-    With ``legal_choices=True`` (the env's legal-action harness) the policy is read as the harness
-    plays it (``read_policy(..., legal_choices=True)``), and that is what is averaged;
-    ``invalid_mass`` then still reports the mass the unconstrained model puts on other tokens, as a
-    diagnostic only.
+    Every ``every`` steps (and at the last) the policy is read at all 12 information states; from
+    ``start_step`` on each reading joins the reach-weighted average policy (linear weights, as in
+    CFR+). The numbers go into the trainer's log as ``eval/kuhn/...`` (printed on the console line)
+    and into :attr:`points`. Invalid replies are counted over the policy's seats in every Kuhn poker
+    environment of the run, whatever its label. With ``legal_choices=True`` (the env's legal-action
+    harness) the policy is read as the harness plays it (``read_policy(..., legal_choices=True)``),
+    and that is what is averaged; ``invalid_mass`` then still reports the mass the unconstrained
+    model puts on other tokens, as a diagnostic only. Its state (the average, the curve) travels in
+    checkpoints, so a resumed run continues the same curve.
     """
 
-    def __init__(
-        self, every: int, start_step: int = 0, reply_tokens: int = 1, env_label: str = "kuhn_selfplay",
-        legal_choices: bool = False,
-    ):
-        self.every, self.start_step, self.reply_tokens, self.env_label = every, start_step, reply_tokens, env_label
+    def __init__(self, every: int, start_step: int = 0, reply_tokens: int = 1, legal_choices: bool = False):
+        self.every, self.start_step, self.reply_tokens = every, start_step, reply_tokens
         self.legal_choices = legal_choices
         self.average = AveragePolicy()
         self.points: list[dict] = []
         self.trainer = None  # set after the trainer is built: evaluation.trainer = trainer
         self.started = time.time()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"average": self.average.state_dict(), "points": self.points,
+                "seconds": time.time() - self.started}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.average.load_state_dict(state["average"])
+        self.points = list(state["points"])
+        self.started = time.time() - float(state["seconds"])
+
+    def _policy_traces(self, trainer) -> list:
+        from ..envs.kuhn_poker import KuhnPokerEnv
+
+        labels = {label for label, env in zip(trainer.env_labels, trainer.envs) if isinstance(env, KuhnPokerEnv)}
+        return [t for ep in trainer.last_episodes if ep.env in labels for t in ep.traces if t.model == "policy"]
 
     def on_step_end(self, args, state, control, **kwargs):
         step = state.global_step
@@ -603,7 +620,8 @@ class KuhnEvaluation(TrainerCallback):
         if step >= self.start_step:
             # Linear averaging (as in CFR+): later, better policies weigh more than early ones.
             self.average.add(table, weight=len(self.average) + 1)
-        rollouts = [t for ep in trainer.last_episodes if ep.env == self.env_label for t in ep.traces]
+        rollouts = self._policy_traces(trainer)
+        decisions = sum(len(t.messages) // 2 for t in rollouts)
         point = {
             "step": step,
             "episodes": trainer.episodes_played,
@@ -611,16 +629,10 @@ class KuhnEvaluation(TrainerCallback):
             "exploitability": exploitability_of(table),
             "avg_exploitability": exploitability_of(self.average.table()) if len(self.average) else None,
             "invalid_mass": invalid_mass(raw),
-            "invalid_reply_rate": (
-                sum(t.metrics.get("invalid_replies", 0) for t in rollouts) / max(1, sum(len(t.messages) // 2 for t in rollouts))
-            ),
+            "invalid_reply_rate": sum(t.metrics.get("invalid_replies", 0) for t in rollouts) / max(1, decisions),
+            "decisions": decisions,
         }
         self.points.append(point)
-        if trainer.accelerator.is_main_process:
-            avg = point["avg_exploitability"]
-            print(
-                f"step {step:5d}  episodes {point['episodes']:7d}  exploitability {point['exploitability']:.3f}  "
-                f"average {'  -  ' if avg is None else f'{avg:.3f}'}  invalid {point['invalid_reply_rate']:.3%}",
-                flush=True,
-            )
-        trainer.log({f"kuhn/{k}": v for k, v in point.items() if v is not None and k != "step"})
+        for key in ("exploitability", "avg_exploitability", "invalid_reply_rate"):
+            if point[key] is not None:
+                trainer.record_metric(f"eval/kuhn/{key}", point[key])
