@@ -16,6 +16,12 @@ def test_default_recipe_beats_uniform_play(tmp_path):
     # harness), about 11 minutes on 2 cores (676 s measured, sharing them with a second run). Measured over seeds 0-2: docs/kuhn_poker_results.md.
     summary = kuhn_poker.main(["--eval-every", "20", "--output-dir", str(tmp_path)])
     uniform = 11 / 24
-    assert summary["legal_choices"] and summary["final_invalid_reply_rate"] == 0.0
+    assert summary["legal_choices"]
+    # the harness was in effect: every action token the policy played in the last step was constrained
+    from multiagent_rl.sinks import read_episodes
+
+    last = [ep for step, ep in read_episodes(tmp_path / "episodes" / "rank0.jsonl") if step == summary["steps"] - 1]
+    allowed = [a for ep in last for t in ep.traces for s in t.segments if s.kind == "action" for a in s.allowed or [None]]
+    assert len(allowed) > 256 and all(a is not None for a in allowed)
     assert summary["final_avg_exploitability"] < uniform - 0.2
     assert (tmp_path / "summary.json").exists() and (tmp_path / "exploitability.png").exists()

@@ -1,0 +1,64 @@
+"""The Kuhn poker recipe with --config: flags given on the command line win, evaluation counts every Kuhn env."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "recipes"))
+import kuhn_poker as recipe  # noqa: E402
+
+CONFIG = """
+[algo]
+type = "grpo"
+
+[[env]]
+id = "kuhn_poker"
+name = "my_kuhn"
+group_size = 4
+
+[trainer]
+max_steps = 100
+learning_rate = 1e-5
+groups_per_step = 2
+seed = 3
+"""
+
+
+@pytest.fixture
+def config_file(tmp_path) -> Path:
+    path = tmp_path / "exp.toml"
+    path.write_text(CONFIG)
+    return path
+
+
+def test_flags_given_with_config_are_written_over_the_file(config_file, tmp_path):
+    args, given = recipe.parse(["--config", str(config_file), "--steps", "3", "--algo", "max_rl", "--lr", "1e-3",
+                                "--report-to", "--output-dir", str(tmp_path / "out")])
+    config = recipe.from_file(str(config_file), args, given)
+    assert config.trainer["max_steps"] == 3 and config.trainer["learning_rate"] == 1e-3
+    assert config.trainer["report_to"] == [] and config.trainer["output_dir"] == str(tmp_path / "out")
+    assert config.trainer["seed"] == 3 and config.trainer["groups_per_step"] == 2  # not given: the file's
+    assert config.algo.type == "max_rl" and config.env[0].args["reward"] == "unit"  # max_rl gets rewards in [0, 1]
+    args, given = recipe.parse(["--config", str(config_file)])
+    config = recipe.from_file(str(config_file), args, given)
+    assert config.trainer["max_steps"] == 100 and config.algo.type == "grpo"
+    with pytest.raises(SystemExit, match="--warmup-steps cannot be combined with --config"):
+        args, given = recipe.parse(["--config", str(config_file), "--warmup-steps", "5"])
+        recipe.from_file(str(config_file), args, given)
+
+
+def test_evaluation_counts_invalid_replies_in_every_kuhn_env(config_file, tmp_path):
+    torch.set_num_threads(1)
+    out = tmp_path / "run"
+    summary = recipe.main(["--config", str(config_file), "--steps", "2", "--eval-every", "1", "--save-every", "0",
+                           "--report-to", "--output-dir", str(out)])
+    # free text on the untrained tiny model: invalid replies happen, in an env labelled "my_kuhn"
+    assert summary["legal_choices"] is False and summary["steps"] == 2
+    assert summary["curve"][-1]["decisions"] > 0
+    assert summary["final_invalid_reply_rate"] > 0
+    assert json.loads((out / "summary.json").read_text())["final_invalid_reply_rate"] == summary["final_invalid_reply_rate"]
