@@ -1,16 +1,19 @@
 """multiagent_rl: train language models in multi-agent environments on the Hugging Face stack."""
 
 from .agent import Agent, AgentConfig, ChatHarnessConfig, Interaction, ScriptedTurn, Seat, TurnLimitReached, make_agent
-from .backends import Generation, SamplingParams, TransformersBackend
+from .backends import Generation, GenerationBackend, SamplingParams, TransformersBackend, build_backend
+from .config import ExperimentConfig
 from .env import Env, SingleAgentEnv, play_episodes, run_sync
 from .episode import Episode
+from .rollout import Orchestrator
 from .task import Task, TaskData
 from .trace import RewardRecord, Segment, TokenStreams, Trace
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Agent", "AgentConfig", "ChatHarnessConfig", "Env", "Episode", "Generation", "Interaction", "RewardRecord",
-    "SamplingParams", "ScriptedTurn", "Seat", "Segment", "SingleAgentEnv", "Task", "TaskData", "TokenStreams",
-    "Trace", "TransformersBackend", "TurnLimitReached", "make_agent", "play_episodes", "run_sync",
+    "Agent", "AgentConfig", "ChatHarnessConfig", "Env", "Episode", "ExperimentConfig", "Generation",
+    "GenerationBackend", "Interaction", "Orchestrator", "RewardRecord", "SamplingParams", "ScriptedTurn", "Seat",
+    "Segment", "SingleAgentEnv", "Task", "TaskData", "TokenStreams", "Trace", "TransformersBackend",
+    "TurnLimitReached", "build_backend", "make_agent", "play_episodes", "run_sync",
 ]

@@ -19,19 +19,17 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import json
 import random
-from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .backends.base import GenerationBackend, SamplingParams
+from .backends import GenerationBackend, SamplingParams, build_backend
+from .chat_template import ChatTemplate, check_encodable, choice_steps, next_ids
 from .task import Task
 from .trace import Trace
 
-POLICY = "policy"
 SCRIPTED = "scripted"
 
 
@@ -40,7 +38,8 @@ class ChatHarnessConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    id: str = "chat"
+    id: Literal["chat"] = "chat"
+    """The harness: ``chat`` renders the conversation with the tokenizer's chat template."""
     max_turns: int = Field(16, ge=1)
     """Most assistant replies in one interaction; one more ``send`` raises :class:`TurnLimitReached`."""
     system_prompt: str | None = None
@@ -90,88 +89,6 @@ class ScriptedTurn:
     instead of keeping a generator of your own."""
 
 
-class ChatTemplate:
-    """Token pieces of a chat template, derived once per tokenizer from the template itself."""
-
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-        probe = [{"role": "user", "content": "PROBE_U"}, {"role": "assistant", "content": "PROBE_A"}]
-        closed = self._render(probe, add_generation_prompt=False)
-        self.turn_close = closed[closed.index("PROBE_A") + len("PROBE_A") :]
-        eos = tokenizer.eos_token or ""
-        self.eos_text = eos if eos and self.turn_close.startswith(eos) else ""
-        # Envs repeat the same messages across thousands of episodes: render each one once (bounded LRU).
-        self._prompt_cache: OrderedDict[str, list[int]] = OrderedDict()
-        self._turn_cache: OrderedDict[tuple[str, bool], list[int]] = OrderedDict()
-        self._choice_cache: dict[tuple[str, ...], dict[str, list[int]]] = {}
-
-    def _render(self, messages, add_generation_prompt) -> str:
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
-
-    def encode(self, text: str) -> list[int]:
-        check_encodable(text)
-        return self.tokenizer.encode(text, add_special_tokens=False)
-
-    def prompt_ids(self, messages: list[dict[str, Any]]) -> list[int]:
-        return _cached(self._prompt_cache, json.dumps(messages),
-                       lambda: self.encode(self._render(messages, add_generation_prompt=True)))
-
-    def choice_ids(self, choices: tuple[str, ...]) -> dict[str, list[int]]:
-        """Each choice's reply tokens (its text + the end-of-turn token), checked to be told apart."""
-        if choices not in self._choice_cache:
-            if not choices:
-                raise ValueError("choices must name at least one reply")
-            options = {c: self.encode(c + self.eos_text) for c in choices}
-            for a, ids_a in options.items():
-                for b, ids_b in options.items():
-                    if a != b and ids_b[: len(ids_a)] == ids_a:
-                        raise ValueError(
-                            f"choice {a!r} tokenizes to a prefix of {b!r} ({ids_a} vs {ids_b}), so a constrained "
-                            "reply cannot tell them apart; use a chat template with an end-of-turn token or "
-                            "choices that are not prefixes of one another"
-                        )
-            self._choice_cache[choices] = options
-        return {c: list(ids) for c, ids in self._choice_cache[choices].items()}
-
-    def user_turn_ids(self, content: str, reply_ended_turn: bool) -> list[int]:
-        """Tokens that close the last reply (if the model did not) and open a new user turn."""
-        return _cached(self._turn_cache, (content, reply_ended_turn),
-                       lambda: self._user_turn_ids(content, reply_ended_turn))
-
-    def _user_turn_ids(self, content: str, reply_ended_turn: bool) -> list[int]:
-        probe = [{"role": "user", "content": "PROBE_U"}, {"role": "assistant", "content": "PROBE_A"}]
-        before = self._render(probe, add_generation_prompt=False)
-        after = self._render(probe + [{"role": "user", "content": content}], add_generation_prompt=True)
-        if not after.startswith(before):
-            raise ValueError(
-                "This chat template re-renders earlier turns when a message is added, so observations cannot be "
-                "appended token-exactly; use a template whose rendering of a prefix is a prefix."
-            )
-        close = self.turn_close[len(self.eos_text) :] if reply_ended_turn else self.turn_close
-        return self.encode(close + after[len(before) :])
-
-
-def check_encodable(text: str) -> None:
-    """Raise a clear ValueError for text a tokenizer cannot take (lone surrogates are not UTF-8)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ValueError(
-            f"text cannot be encoded as UTF-8 ({exc.reason} at position {exc.start}: {text[exc.start:exc.end]!r}); "
-            "remove lone surrogates, e.g. text.encode('utf-8', 'replace').decode()"
-        ) from None
-
-
-def _cached(cache: OrderedDict, key, compute, size: int = 4096) -> list[int]:
-    if key in cache:
-        cache.move_to_end(key)
-    else:
-        cache[key] = compute()
-        if len(cache) > size:
-            cache.popitem(last=False)
-    return list(cache[key])
-
-
 class Agent:
     """One seat's player. Shared by all concurrent episodes; each run builds its own trace."""
 
@@ -202,14 +119,14 @@ class Agent:
         """Turn-by-turn control: ``reply = await it.send(user_text)``; ``it.trace`` is the run so far.
 
         ``rng`` is handed to a scripted policy as ``turn.rng`` (default: a fresh unseeded generator).
+        Sampling: the agent's settings, then the task's ``sampling`` overrides, then ``sampling_overrides``.
         """
-        return Interaction(self, task, self.config.sampling.with_overrides(**sampling_overrides), rng)
+        sampling = self.config.sampling.with_overrides(**{**(task.sampling or {}), **sampling_overrides})
+        return Interaction(self, task, sampling, rng)
 
     async def run(self, task: Task, **sampling_overrides) -> Trace:
         """Single-turn chat on the task's prompt: one reply, one trace."""
-        async with self.interaction(task, **sampling_overrides) as it:
-            await it.send()
-        return it.trace
+        return await single_turn(self.interaction(task, **sampling_overrides))
 
 
 class Interaction:
@@ -253,7 +170,7 @@ class Interaction:
         """
         agent, trace = self.agent, self.trace
         if self.turns >= agent.config.harness.max_turns:
-            raise TurnLimitReached(f"{trace.agent}: max_turns={agent.config.harness.max_turns} reached")
+            raise TurnLimitReached(f"{trace.role}: max_turns={agent.config.harness.max_turns} reached")
         if text is not None:
             check_encodable(text)
         if not trace.segments:
@@ -275,7 +192,7 @@ class Interaction:
         except asyncio.TimeoutError:
             self.waiting = False
             raise ReplyTimeout(
-                f"role {trace.agent!r} ({agent.model_id}): no reply within {agent.config.timeout:g} s "
+                f"role {trace.role!r} ({agent.model_id}): no reply within {agent.config.timeout:g} s "
                 "(the per-reply timeout: `timeout` of the role's config)"
             ) from None
         self.waiting = False
@@ -293,12 +210,11 @@ class Interaction:
             # teaches exactly what the policy can emit; the end-of-turn token is kept when it fits.
             ids = agent.template.encode(reply + agent.template.eos_text)[: params.max_new_tokens]
             trace.append("action", ids)
-            self._reply_ended_turn = bool(agent.template.eos_text) and ids[-1:] == [tok.eos_token_id]
+            self._reply_ended_turn = agent.template.ends_turn(ids)
             return tok.decode(ids, skip_special_tokens=True)
         gen = await agent.backend.generate(trace.token_ids, params)
         trace.append("action", gen.token_ids, gen.logprobs, temperature=params.temperature)
-        # Only the template's own end-of-turn token closes the turn; any other stop token is followed by the full close.
-        self._reply_ended_turn = bool(agent.template.eos_text) and gen.token_ids[-1:] == [tok.eos_token_id]
+        self._reply_ended_turn = agent.template.ends_turn(gen.token_ids)
         text = tok.decode(gen.token_ids, skip_special_tokens=True)
         for s in params.stop:
             if s in text:
@@ -323,9 +239,12 @@ class Interaction:
             ids = options[reply]
             trace.append("action", ids, allowed=choice_steps(options, ids))
         else:
+            if not agent.backend.supports_choices:
+                raise ValueError(f"the backend of {agent.model_id!r} cannot constrain replies to choices; "
+                                 "use a backend that honours allowed_token_ids (transformers, vLLM)")
             ids, logprobs, allowed = [], [], []
             while (reply := next((c for c, o in options.items() if o == ids), None)) is None:
-                candidates = _next_ids(options, ids)
+                candidates = next_ids(options, ids)
                 if len(candidates) == 1:  # forced: the only way to continue, probability 1 under the restriction
                     token, logprob = candidates[0], 0.0
                 else:
@@ -338,43 +257,20 @@ class Interaction:
                 logprobs.append(logprob)
                 allowed.append(candidates)
             trace.append("action", ids, logprobs, allowed=allowed, temperature=params.temperature)
-        self._reply_ended_turn = bool(agent.template.eos_text) and ids[-1:] == [agent.tokenizer.eos_token_id]
+        self._reply_ended_turn = agent.template.ends_turn(ids)
         return reply
 
 
-def _next_ids(options: dict[str, list[int]], prefix: list[int]) -> list[int]:
-    """The token ids that continue ``prefix`` towards some option."""
-    n = len(prefix)
-    return sorted({o[n] for o in options.values() if len(o) > n and o[:n] == prefix})
-
-
-def choice_steps(options: dict[str, list[int]], ids: list[int]) -> list[list[int]]:
-    """Per token of the option ``ids``, the ids a constrained reply could pick at that step."""
-    return [_next_ids(options, ids[:i]) for i in range(len(ids))]
-
-
-# -- building agents ------------------------------------------------------------------------------
-
-_BACKENDS: dict[str, GenerationBackend] = {}
-
-
-def frozen_backend(model_id: str, device=None) -> GenerationBackend:
-    """A process-wide cached backend for a frozen model, loaded once however many seats or teachers use it.
-
-    The first call decides the device (default: CUDA when available, else CPU).
-    """
-    if model_id not in _BACKENDS:
-        from .backends.transformers import TransformersBackend
-        from .models import load_model_and_tokenizer
-
-        model, tok = load_model_and_tokenizer(model_id, device=device)
-        model.eval().requires_grad_(False)
-        _BACKENDS[model_id] = TransformersBackend(model, tok, model_id=model_id)
-    return _BACKENDS[model_id]
+async def single_turn(interaction: Interaction) -> Trace:
+    """Play one turn on the task's prompt and close the interaction: the trace of a single-turn run."""
+    async with interaction as it:
+        await it.send()
+    return it.trace
 
 
 def make_agent(config: AgentConfig | dict, *, policy_backend: GenerationBackend | None = None, device=None) -> Agent:
-    """Build an agent from its config (``device`` places a frozen model when it is first loaded).
+    """Build an agent from its config: its backend from ``config.model`` (:func:`~multiagent_rl.backends.build_backend`;
+    ``device`` places a frozen model when it is first loaded), or a scripted one.
 
     >>> agent = make_agent(AgentConfig(model="tiny", harness={"id": "chat"}))  # doctest: +SKIP
     """
@@ -385,11 +281,7 @@ def make_agent(config: AgentConfig | dict, *, policy_backend: GenerationBackend 
 
         tok = policy_backend.tokenizer if policy_backend is not None and config.tokenizer is None else None
         return Agent(config, None, tok or load_tokenizer(config.tokenizer or "tiny"))
-    if config.model == POLICY:
-        if policy_backend is None:
-            raise ValueError("model='policy' binds a seat to the live policy, which only a trainer provides")
-        return Agent(config, policy_backend)
-    return Agent(config, frozen_backend(config.model, device))
+    return Agent(config, build_backend(config.model, device=device, policy=policy_backend))
 
 
 @dataclass
@@ -416,18 +308,17 @@ class Seat:
     def _stamp(self, trace: Trace) -> None:
         if not trace.segments and trace.error is None:
             return  # the seat was never asked to act (e.g. the other player forfeited first): no run to record
-        trace.agent, trace.trainable = self.role, self.trainable
+        trace.role, trace.trainable = self.role, self.trainable
         self.sink.append(trace)
 
     def interaction(self, task: Task, **sampling_overrides) -> Interaction:
         rng = None if self.seed is None else random.Random(f"{self.seed}/{self.role}/{len(self.interactions)}")
         it = self.agent.interaction(task, rng=rng, **sampling_overrides)
         self.interactions.append(it)
-        it.trace.agent = self.role
+        it.trace.role = self.role
         it._on_close.append(self._stamp)
         return it
 
     async def run(self, task: Task, **sampling_overrides) -> Trace:
-        async with self.interaction(task, **sampling_overrides) as it:
-            await it.send()
-        return it.trace
+        """Single-turn chat on the task's prompt, recorded into the episode."""
+        return await single_turn(self.interaction(task, **sampling_overrides))

@@ -1,16 +1,16 @@
 """Scored traces → training tensors.
 
 One sample per trainable trace that an algorithm scored into some stream: the first prompt segment
-is the sample's prompt (left-padded), everything after it the completion (right-padded), with
-per-token weights for the three loss streams (rl advantages, ce weights, ref_kl weights + teacher
-logprobs), the sampling logprobs and temperatures, per-sample tags (algorithm, env, role) for
-metrics and, when a harness constrained some replies to choices, the allowed token ids of every
-constrained token.
+is the sample's prompt (left-padded), everything after it the completion (right-padded), with, per
+loss stream of :data:`multiagent_rl.loss.STREAMS`, its per-token weights and its token-count mask;
+the sampling logprobs and temperatures; per-sample tags (algorithm, env, role) for metrics; and,
+when a harness constrained some replies to choices, the allowed token ids of every constrained token.
 
-A sample scored by an rl algorithm counts its action tokens in the rl stream's token count even
-when its advantage is 0 (a tie in its group), as TRL's DAPO normaliser counts every completion
-token; ``skip_zero_advantage=True`` leaves such samples out of the count instead (the rl step then
-scales with 1 / the share of non-zero-advantage tokens).
+A token the harness forced (one allowed id) has probability 1 under its restricted softmax: no
+gradient, so no stream counts it. A sample scored by an rl algorithm counts its action tokens in
+the rl stream's token count even when its advantage is 0 (a tie in its group), as TRL's DAPO
+normaliser counts every completion token; ``skip_zero_advantage=True`` leaves such samples out of
+the count instead (the rl step then scales with 1 / the share of non-zero-advantage tokens).
 """
 
 from __future__ import annotations
@@ -20,9 +20,8 @@ from dataclasses import dataclass
 import torch
 
 from .episode import Episode
+from .loss import STREAMS
 from .trace import Trace
-
-STREAMS = ("rl", "ce", "ref_kl")
 
 
 @dataclass
@@ -31,16 +30,61 @@ class Sample:
     env: str
 
 
+def _in_rl(trace: Trace, skip_zero_advantage: bool) -> bool:
+    advantages = trace.streams.advantages
+    return advantages is not None and not (skip_zero_advantage and not any(a != 0 for a in advantages))
+
+
 def trainable_samples(episodes: list[Episode], skip_zero_advantage: bool = False) -> list[Sample]:
-    """Traces an algorithm scored (an rl stream, or weight on ce / ref_kl); the rest never enter the batch."""
+    """Traces an algorithm scored (an rl stream, or weight on another stream); the rest never enter the batch."""
     return [
         Sample(t, ep.env)
         for ep in episodes
         if ep.ok
         for t in ep.traces
-        if t.trainable and t.streams is not None
-        and ((t.streams.rl is not None and not skip_zero_advantage) or t.streams.has_weight())
+        if t.trainable and t.streams is not None and (_in_rl(t, skip_zero_advantage) or t.streams.has_weight())
     ]
+
+
+def _row(s: Sample, temperature: float, skip_zero_advantage: bool) -> dict:
+    trace = s.trace
+    ids, p = trace.token_ids, trace.prompt_length
+    if p == 0 or p == len(ids):
+        raise ValueError(f"trace of {trace.role!r} needs a prompt segment followed by completion tokens")
+    kinds = trace.token_kinds[p:]
+    allowed = trace.allowed_token_ids[p:]
+    free = [float(a is None or len(a) > 1) for a in allowed]
+    action = [float(k == "action") for k in kinds]
+    row = dict(prompt=ids[:p], completion=ids[p:], allowed=allowed, action_mask=action,
+               sampling_logps=[x or 0.0 for x in trace.sampling_logprobs[p:]],
+               algorithm=trace.streams.algorithm, env=s.env, role=trace.role)
+    # the temperature the loss reads a token at: the one it was sampled at when the policy sampled it
+    by_policy = trace.model == "policy"
+    row["temperatures"] = [t if (t is not None and by_policy) else temperature for t in trace.token_temperatures[p:]]
+    for stream in STREAMS:
+        values = getattr(trace.streams, stream.trace_field)
+        weights = [0.0] * len(kinds) if values is None else list(values[p:])
+        if stream.counts_weighted_only:
+            weights = [w * f for w, f in zip(weights, free)]
+            mask = [float(w != 0) for w in weights]
+        else:
+            counted = values is not None and _in_rl(trace, skip_zero_advantage)
+            mask = [a * f for a, f in zip(action, free)] if counted else [0.0] * len(kinds)
+        row[stream.weights], row[stream.mask] = weights, mask
+        for key, field in stream.extras:
+            extra = getattr(trace.streams, field)
+            row[key] = [x or 0.0 for x in extra[p:]] if extra else [0.0] * len(kinds)
+    return row
+
+
+def _padding_row(pad_token_id: int, temperature: float) -> dict:
+    row = dict(prompt=[pad_token_id], completion=[pad_token_id], allowed=[None], action_mask=[0.0],
+               sampling_logps=[0.0], temperatures=[temperature], algorithm="padding", env="", role="")
+    for stream in STREAMS:
+        row[stream.weights], row[stream.mask] = [0.0], [0.0]
+        for key, _ in stream.extras:
+            row[key] = [0.0]
+    return row
 
 
 def collate(
@@ -50,54 +94,15 @@ def collate(
     temperature: float = 1.0,
     skip_zero_advantage: bool = False,
 ) -> dict:
-    """Pad samples into the tensor dict ``MixedAlgorithmTrainer._compute_loss`` reads.
+    """Pad samples into the tensor dict the loss reads (:mod:`multiagent_rl.loss`).
 
     The batch is padded with weightless rows to a multiple of ``multiple_of`` (TRL splits a
     generation batch into equal micro-batches); padding rows attend to one pad token and carry
-    no weight on any stream. ``temperatures`` holds, per completion token, the temperature the loss
-    scores it at: the one it was sampled at when the policy sampled it, else ``temperature`` (the
-    trainer's).
+    no weight on any stream. ``temperature`` is the trainer's, for tokens the policy did not sample.
     """
-    rows = []
-    for s in samples:
-        ids, streams, p = s.trace.token_ids, s.trace.streams, s.trace.prompt_length
-        if p == 0 or p == len(ids):
-            raise ValueError(f"trace of {s.trace.agent!r} needs a prompt segment followed by completion tokens")
-        kinds = s.trace.token_kinds[p:]
-        allowed = s.trace.allowed_token_ids[p:]
-        # A token the harness forced (one allowed id) has probability 1 under its restricted softmax:
-        # no gradient, so no stream counts it in its token normalisation either.
-        free = [float(a is None or len(a) > 1) for a in allowed]
-        rl = streams.rl[p:] if streams.rl is not None else [0.0] * (len(ids) - p)
-        in_rl = streams.rl is not None and not (skip_zero_advantage and not any(a != 0 for a in rl))
-        sampled_by_policy = s.trace.model == "policy"
-        temps = [t if (t is not None and sampled_by_policy) else temperature for t in s.trace.token_temperatures[p:]]
-        rows.append(
-            dict(
-                prompt=ids[:p],
-                completion=ids[p:],
-                rl=rl,
-                rl_mask=[float(k == "action") * f for k, f in zip(kinds, free)] if in_rl else [0.0] * len(kinds),
-                ce=[w * f for w, f in zip(streams.ce[p:], free)] if streams.ce is not None else [0.0] * len(kinds),
-                ref_kl=[w * f for w, f in zip(streams.ref_kl[p:], free)] if streams.ref_kl is not None
-                else [0.0] * len(kinds),
-                allowed=allowed,
-                ref_logps=[x or 0.0 for x in streams.ref_logprobs[p:]] if streams.ref_logprobs else [0.0] * len(kinds),
-                sampling_logps=[x or 0.0 for x in s.trace.sampling_logprobs[p:]],
-                action=[float(k == "action") for k in kinds],
-                temperature=temps,
-                algorithm=streams.algorithm,
-                env=s.env,
-                role=s.trace.agent,
-            )
-        )
+    rows = [_row(s, temperature, skip_zero_advantage) for s in samples]
     while not rows or len(rows) % multiple_of:
-        rows.append(
-            dict(prompt=[pad_token_id], completion=[pad_token_id], rl=[0.0], rl_mask=[0.0], ce=[0.0], ref_kl=[0.0],
-                 allowed=[None], ref_logps=[0.0], sampling_logps=[0.0], action=[0.0], temperature=[temperature],
-                 algorithm="padding", env="",
-                 role="")
-        )
+        rows.append(_padding_row(pad_token_id, temperature))
     P = max(len(r["prompt"]) for r in rows)
     T = max(len(r["completion"]) for r in rows)
     B = len(rows)
@@ -105,8 +110,9 @@ def collate(
     prompt_mask = torch.zeros((B, P), dtype=torch.long)
     completion_ids = torch.full((B, T), pad_token_id, dtype=torch.long)
     completion_mask = torch.zeros((B, T), dtype=torch.long)
-    floats = {k: torch.zeros((B, T)) for k in ("rl", "rl_mask", "ce", "ref_kl", "ref_logps", "sampling_logps", "action")}
-    floats["temperature"] = torch.full((B, T), float(temperature))
+    per_token = [k for k, v in rows[0].items() if isinstance(v, list) and k not in ("prompt", "completion", "allowed")]
+    floats = {k: torch.zeros((B, T)) for k in per_token}
+    floats["temperatures"].fill_(float(temperature))
     for i, r in enumerate(rows):
         p, c = len(r["prompt"]), len(r["completion"])
         prompt_ids[i, P - p :] = torch.tensor(r["prompt"])
@@ -120,14 +126,7 @@ def collate(
         "prompt_mask": prompt_mask,
         "completion_ids": completion_ids,
         "completion_mask": completion_mask,
-        "advantages": floats["rl"],
-        "rl_mask": floats["rl_mask"],
-        "ce_weights": floats["ce"],
-        "ref_kl_weights": floats["ref_kl"],
-        "ref_logps": floats["ref_logps"],
-        "sampling_logps": floats["sampling_logps"],
-        "action_mask": floats["action"],
-        "temperatures": floats["temperature"],
+        **floats,
         "algorithm": [r["algorithm"] for r in rows],
         "env": [r["env"] for r in rows],
         "role": [r["role"] for r in rows],

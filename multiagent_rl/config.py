@@ -272,7 +272,7 @@ class ExperimentConfig(_Strict):
 def _trainer_fields() -> dict[str, Any]:
     import typing
 
-    from .trainer import MixedAlgorithmConfig  # TRL is imported only when [trainer] has fields to check
+    from .trainer_config import MixedAlgorithmConfig  # TRL is imported only when [trainer] has fields to check
 
     return typing.get_type_hints(MixedAlgorithmConfig)
 

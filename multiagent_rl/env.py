@@ -47,8 +47,9 @@ class Env:
     name: str = "env"
     roles: tuple[str, ...] = ("agent",)
 
-    def setup(self, agents: dict[str, Agent]) -> None:
-        """Called once with the agents bound to the seats, before any episode."""
+    def setup(self, seats: dict[str, Seat]) -> None:
+        """Called once, before any episode, with the seats as bound (the same kind of object ``run`` gets;
+        these record nothing): a place to read each seat's agent, model or trainability."""
 
     async def run(self, task: Task, agents: dict[str, Seat]) -> None:
         """Play one episode on ``task``. Record rewards on traces (here or in ``finalize``)."""

@@ -28,13 +28,13 @@ class Episode:
     ok: bool = True
     info: dict[str, Any] = field(default_factory=dict)
 
-    def by_agent(self, name: str) -> list[Trace]:
+    def by_role(self, name: str) -> list[Trace]:
         """All traces of the seat ``name`` (a seat may run several times in one episode)."""
-        return [t for t in self.traces if t.agent == name]
+        return [t for t in self.traces if t.role == name]
 
     @property
     def roles(self) -> list[str]:
-        return sorted({t.agent for t in self.traces})
+        return sorted({t.role for t in self.traces})
 
     def to_dict(self) -> dict[str, Any]:
         return {

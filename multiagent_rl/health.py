@@ -33,17 +33,18 @@ def _first_line(error: str) -> str:
 
 def streams_fed(episode: Episode) -> set[str]:
     """The loss streams some trace of ``episode`` puts tokens into."""
+    from .loss import STREAMS
+
     fed = set()
     for t in episode.traces:
-        s = t.streams
-        if s is None or not t.trainable:
+        if t.streams is None or not t.trainable:
             continue
-        if s.rl is not None and any(k == "action" for k in t.token_kinds):
-            fed.add("rl")
-        if s.ce is not None and any(w != 0 for w in s.ce):
-            fed.add("ce")
-        if s.ref_kl is not None and any(w != 0 for w in s.ref_kl):
-            fed.add("ref_kl")
+        for stream in STREAMS:
+            values = getattr(t.streams, stream.trace_field)
+            if values is None:
+                continue
+            if any(w != 0 for w in values) or (not stream.counts_weighted_only and "action" in t.token_kinds):
+                fed.add(stream.name)
     return fed
 
 

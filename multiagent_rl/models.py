@@ -3,8 +3,10 @@
 ``resolve_model("tiny")`` builds (once) and returns the path of a folder holding a byte-level BPE
 tokenizer with a ChatML chat template and a randomly initialised Qwen2-family model, so every code
 path that takes a hub id or a local path also runs on a CPU with no network. The tokenizer is
-trained on a small built-in corpus covering the built-in environments' words, so words such as
-``bet`` or ``fold`` are single tokens; being byte-level, it still tokenises any text.
+trained on a small corpus shipped with the package (``assets/tiny_corpus.txt``) covering the
+built-in environments' words, so words such as ``bet`` or ``fold`` are single tokens; being
+byte-level, it still tokenises any text. The cache folder is named by a hash of the corpus, the
+tokenizer settings and the architecture, so changing any of them builds a new model.
 
 >>> from multiagent_rl.models import load_model_and_tokenizer
 >>> model, tok = load_model_and_tokenizer("tiny")  # doctest: +SKIP
@@ -12,14 +14,15 @@ trained on a small built-in corpus covering the built-in environments' words, so
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 import tempfile
+from importlib import resources
 from pathlib import Path
 
 TINY = "tiny"
-TINY_VERSION = "v2"  # bump when the corpus or the architecture changes
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
@@ -29,18 +32,18 @@ CHATML_TEMPLATE = (
 )
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
-# Words every built-in environment and the examples use; each env adds its own lines too.
-_BASE_CORPUS = """
-system user assistant
-You are a helpful assistant. Answer the question. Think step by step, then reply.
-Find the latest released version of the `verifiers` Python package on PyPI.
-The answer is yes. The answer is no. I do not know. Please try again. Thank you.
-What is 2 + 2? 4. What is the capital of France? Paris.
-Write a short story about a cat. Solve the problem. Check the tests. The tests pass. The tests fail.
-Propose a problem. Solve this problem. Judge the solution. The solution is correct. The solution is wrong.
-Hello! How can I help you today? I want to book a flight. My goal is hidden. Goodbye.
-0 1 2 3 4 5 6 7 8 9 10 100 a b c d e f g h i j k l m n o p q r s t u v w x y z
-"""
+TOKENIZER_VOCAB = 1024
+
+TINY_ARCHITECTURE = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=2048,
+    tie_word_embeddings=True,
+)
+"""The Qwen2 configuration of the embedded model (its vocabulary size comes from the tokenizer)."""
 
 
 def cache_dir() -> Path:
@@ -48,17 +51,26 @@ def cache_dir() -> Path:
     return Path(os.environ.get("MULTIAGENT_RL_CACHE", Path.home() / ".cache" / "multiagent_rl"))
 
 
-def _corpus() -> list[str]:
-    from .envs import corpus_lines
+def corpus_text() -> str:
+    """The tokenizer's training text, shipped with the package: one line per example sentence."""
+    return resources.files("multiagent_rl").joinpath("assets/tiny_corpus.txt").read_text(encoding="utf-8")
 
-    lines = [line for line in _BASE_CORPUS.strip().splitlines() if line.strip()]
-    lines += corpus_lines()
+
+def _corpus() -> list[str]:
+    lines = [line for line in corpus_text().splitlines() if line.strip()]
     # Single-word lines teach the tokenizer the word both at the start of a reply and after a space.
     words = sorted({w.strip(".,!?:;`()") for line in lines for w in line.split()} - {""})
     return lines * 4 + words * 8 + [" ".join(words)] * 4
 
 
-def build_tiny_tokenizer(vocab_size: int = 1024):
+def tiny_fingerprint() -> str:
+    """A hash of everything the tiny model is built from: the corpus, the tokenizer settings, the architecture."""
+    recipe = {"corpus": corpus_text(), "vocab": TOKENIZER_VOCAB, "special": SPECIAL_TOKENS, "template": CHATML_TEMPLATE,
+              "architecture": TINY_ARCHITECTURE, "seed": 0}
+    return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def build_tiny_tokenizer(vocab_size: int = TOKENIZER_VOCAB):
     """Train the byte-level BPE tokenizer on the built-in corpus (deterministic, ~1 s)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -90,13 +102,7 @@ def build_tiny_model(vocab_size: int, seed: int = 0):
 
     config = Qwen2Config(
         vocab_size=vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
+        **TINY_ARCHITECTURE,
         bos_token_id=None,
         eos_token_id=2,
         pad_token_id=0,
@@ -111,7 +117,8 @@ def build_tiny_model(vocab_size: int, seed: int = 0):
 
 def tiny_model_path() -> Path:
     """Build the tiny model and tokenizer once (atomically, safe across processes) and return the folder."""
-    target = cache_dir() / f"tiny-{TINY_VERSION}"
+    fingerprint = tiny_fingerprint()
+    target = cache_dir() / f"tiny-{fingerprint}"
     if (target / "ready.json").exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -122,7 +129,7 @@ def tiny_model_path() -> Path:
         model = build_tiny_model(len(tokenizer))
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        (tmp / "ready.json").write_text(json.dumps({"version": TINY_VERSION}))
+        (tmp / "ready.json").write_text(json.dumps({"fingerprint": fingerprint}))
         try:
             os.rename(tmp, target)
         except OSError:  # another process finished first; theirs is identical

@@ -1,4 +1,5 @@
-"""Per-token log-probabilities of given sequences under a causal LM (teacher scoring).
+"""Per-token log-probabilities of given sequences under a causal LM (teacher scoring), and the small
+model helpers every module that runs a model shares.
 
 ``token_logprobs(model, sequences)[i][j] = log p(sequences[i][j] | sequences[i][:j])`` with
 element 0 ``None`` (the first token has no context). Sequences are batched with right padding
@@ -7,9 +8,22 @@ and an attention mask, one no-grad forward per batch; the log-softmax is taken i
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
+
+
+@contextlib.contextmanager
+def eval_mode(model: Any) -> Iterator[Any]:
+    """Put ``model`` in eval mode for the block and restore its training flag afterwards."""
+    was_training = bool(getattr(model, "training", False))
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
 
 
 def model_device(model: Any) -> torch.device:
@@ -38,6 +52,19 @@ def vocab_size(model: Any) -> int | None:
     return int(size) if size is not None else None
 
 
+def check_vocab(model: Any, sequences: list[list[int]], who: str = "the scoring model") -> None:
+    """Raise a clear error when a token id is outside ``model``'s vocabulary (it must share the tokenizer)."""
+    size = vocab_size(model)
+    if size is None:
+        return
+    bad = next((t for seq in sequences for t in seq if not 0 <= t < size), None)
+    if bad is not None:
+        raise ValueError(
+            f"{who} has a vocabulary of {size} tokens but the sequences contain token id {bad}: "
+            "it must share the tokenizer that produced them"
+        )
+
+
 def token_logprobs(
     model: Any,
     sequences: list[list[int]],
@@ -63,15 +90,7 @@ def token_logprobs(
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    size = vocab_size(model)
-    if size is not None:
-        for seq in sequences:
-            bad = [t for t in seq if not 0 <= t < size]
-            if bad:
-                raise ValueError(
-                    f"token id {bad[0]} is outside the model's vocabulary of {size} tokens; "
-                    "the scoring model must share the tokenizer that produced these tokens"
-                )
+    check_vocab(model, sequences)
 
     # sequences of 0 or 1 tokens need no forward pass
     results: list[list[float | None]] = [[None] * min(len(seq), 1) for seq in sequences]
@@ -80,36 +99,31 @@ def token_logprobs(
         return results
 
     device = model_device(model)
-    was_training = bool(getattr(model, "training", False))
-    model.eval()
-    try:
-        with torch.no_grad():
-            for start in range(0, len(order), batch_size):
-                idx = order[start : start + batch_size]
-                width = max(len(sequences[i]) for i in idx)
-                input_ids = torch.zeros((len(idx), width), dtype=torch.long)
-                attention_mask = torch.zeros((len(idx), width), dtype=torch.long)
-                for row, i in enumerate(idx):
-                    n = len(sequences[i])
-                    input_ids[row, :n] = torch.tensor(sequences[i], dtype=torch.long)
-                    attention_mask[row, :n] = 1
-                input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
-                logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
-                for row, i in enumerate(idx):
-                    n = len(sequences[i])
-                    # one row at a time keeps the float32 copy of the logits to (n, vocab)
-                    scaled = logits[row, : n - 1].float()
-                    if temperatures is not None:
-                        temps = [1.0 if x is None else float(x) for x in temperatures[i][1:n]]
-                        scaled = scaled / torch.tensor(temps, device=scaled.device).unsqueeze(-1)
-                    logp = torch.log_softmax(scaled, dim=-1)
-                    picked = logp.gather(-1, input_ids[row, 1:n].unsqueeze(-1)).squeeze(-1)
-                    scores = [None, *picked.cpu().tolist()]
-                    for j, ids in enumerate(allowed[i] if allowed is not None else ()):
-                        if ids is not None and j > 0:
-                            scores[j] = scores[j] - torch.logsumexp(logp[j - 1, ids], -1).item()
-                    results[i] = scores
-                del logits
-    finally:
-        model.train(was_training)
+    with eval_mode(model), torch.no_grad():
+        for start in range(0, len(order), batch_size):
+            idx = order[start : start + batch_size]
+            width = max(len(sequences[i]) for i in idx)
+            input_ids = torch.zeros((len(idx), width), dtype=torch.long)
+            attention_mask = torch.zeros((len(idx), width), dtype=torch.long)
+            for row, i in enumerate(idx):
+                n = len(sequences[i])
+                input_ids[row, :n] = torch.tensor(sequences[i], dtype=torch.long)
+                attention_mask[row, :n] = 1
+            input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+            logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
+            for row, i in enumerate(idx):
+                n = len(sequences[i])
+                # one row at a time keeps the float32 copy of the logits to (n, vocab)
+                scaled = logits[row, : n - 1].float()
+                if temperatures is not None:
+                    temps = [1.0 if x is None else float(x) for x in temperatures[i][1:n]]
+                    scaled = scaled / torch.tensor(temps, device=scaled.device).unsqueeze(-1)
+                logp = torch.log_softmax(scaled, dim=-1)
+                picked = logp.gather(-1, input_ids[row, 1:n].unsqueeze(-1)).squeeze(-1)
+                scores = [None, *picked.cpu().tolist()]
+                for j, ids in enumerate(allowed[i] if allowed is not None else ()):
+                    if ids is not None and j > 0:
+                        scores[j] = scores[j] - torch.logsumexp(logp[j - 1, ids], -1).item()
+                results[i] = scores
+            del logits
     return results

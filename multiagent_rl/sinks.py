@@ -7,7 +7,7 @@ exactly once. :class:`JsonlEpisodeSink` writes one JSON line per episode to
 
 Each line is strict JSON (a non-finite float is written as ``null``; the episode's error says what
 it was) with one schema for every environment: the free-form mappings (``task.info``,
-``episode.info``, ``trace.info``, ``trace.metrics``, ``task.config``) are JSON-encoded strings, and
+``episode.info``, ``trace.info``, ``trace.metrics``, ``task.sampling``) are JSON-encoded strings, and
 every key is always present. The logs of different runs therefore load together as one
 ``datasets.Dataset`` under the fixed features :func:`episode_features` (JSON itself cannot say the
 type of a column that is empty or null in a whole file, e.g. ``allowed`` in a run without
@@ -66,7 +66,7 @@ def trace_record(trace: Trace) -> dict[str, Any]:
     """A trace as a fixed-schema JSON object (see the module docstring)."""
     streams = trace.streams
     return _finite({
-        "agent": trace.agent,
+        "role": trace.role,
         "trainable": trace.trainable,
         "model": trace.model,
         "segments": [
@@ -82,8 +82,8 @@ def trace_record(trace: Trace) -> dict[str, Any]:
         "error": trace.error,
         "last_reply": trace.last_reply,
         "streams": None if streams is None else {
-            "algorithm": streams.algorithm, "rl": streams.rl, "ce": streams.ce, "ref_kl": streams.ref_kl,
-            "ref_logprobs": streams.ref_logprobs,
+            "algorithm": streams.algorithm, "advantages": streams.advantages, "ce_weights": streams.ce_weights,
+            "ref_kl_weights": streams.ref_kl_weights, "ref_logprobs": streams.ref_logprobs,
         },
     })
 
@@ -102,7 +102,7 @@ def episode_record(episode: Episode, step: int) -> dict[str, Any]:
         "task": {
             "prompt": data.prompt, "system_prompt": data.system_prompt,
             "answer": None if data.answer is None else str(data.answer), "id": data.id,
-            "info": _text(data.info), "config": _text(episode.task.config),
+            "info": _text(data.info), "sampling": _text(episode.task.sampling),
         },
         "traces": [trace_record(t) for t in episode.traces],
     }
@@ -111,7 +111,7 @@ def episode_record(episode: Episode, step: int) -> dict[str, Any]:
 def _trace_from_record(d: dict[str, Any]) -> Trace:
     streams = d["streams"]
     return Trace(
-        agent=d["agent"],
+        role=d["role"],
         segments=[Segment(**s) for s in d["segments"]],
         trainable=d["trainable"],
         model=d["model"],
@@ -131,7 +131,7 @@ def episode_from_record(d: dict[str, Any]) -> Episode:
     data = TaskData(prompt=t["prompt"], system_prompt=t["system_prompt"], answer=t["answer"],
                     info=json.loads(t["info"]), id=t["id"])
     return Episode(
-        id=d["id"], task=Task(data, json.loads(t["config"])), group=d["group"], env=d["env"],
+        id=d["id"], task=Task(data, json.loads(t["sampling"])), group=d["group"], env=d["env"],
         traces=[_trace_from_record(x) for x in d["traces"]], errors=list(d["errors"]), ok=d["ok"],
         info=json.loads(d["info"]),
     )
@@ -151,14 +151,15 @@ def episode_features():
 
     text, floats, ints = Value("string"), List(Value("float64")), List(Value("int64"))
     segment = {"kind": text, "token_ids": ints, "logprobs": floats, "allowed": List(ints), "temperature": Value("float64")}
-    streams = {"algorithm": text, "rl": floats, "ce": floats, "ref_kl": floats, "ref_logprobs": floats}
+    streams = {"algorithm": text, "advantages": floats, "ce_weights": floats, "ref_kl_weights": floats,
+               "ref_logprobs": floats}
     trace = {
-        "agent": text, "trainable": Value("bool"), "model": text, "segments": List(segment),
+        "role": text, "trainable": Value("bool"), "model": text, "segments": List(segment),
         "messages": List({"role": text, "content": text}),
         "rewards": List({"name": text, "value": Value("float64"), "weight": Value("float64")}),
         "reward": Value("float64"), "metrics": text, "info": text, "error": text, "last_reply": text, "streams": streams,
     }
-    task = {"prompt": text, "system_prompt": text, "answer": text, "id": text, "info": text, "config": text}
+    task = {"prompt": text, "system_prompt": text, "answer": text, "id": text, "info": text, "sampling": text}
     return Features({
         "step": Value("int64"), "id": text, "group": text, "env": text, "ok": Value("bool"), "errors": List(text),
         "info": text, "task": task, "traces": List(trace),

@@ -24,7 +24,7 @@ class TaskData:
     info: dict[str, Any] = field(default_factory=dict)
     """Free-form metadata: seeds, deals, hidden goals, demonstrations..."""
     id: str | None = None
-    """Stable identifier; groups of the same task share it."""
+    """An identifier of the task in its dataset, kept in the episode log and trace datasets (optional)."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -36,14 +36,20 @@ class TaskData:
 
 @dataclass
 class Task:
-    """A task plus optional per-task run configuration (e.g. sampling overrides)."""
+    """A task plus sampling overrides for every seat that plays it.
+
+    >>> Task(TaskData(prompt="Prove it."), sampling={"max_new_tokens": 512}).sampling
+    {'max_new_tokens': 512}
+    """
 
     data: TaskData
-    config: dict[str, Any] | None = None
+    sampling: dict[str, Any] | None = None
+    """``SamplingParams`` fields that override every seat's settings on this task (e.g. a longer
+    ``max_new_tokens`` for hard problems); a seat's own per-call overrides still win."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"data": self.data.to_dict(), "config": self.config}
+        return {"data": self.data.to_dict(), "sampling": self.sampling}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Task:
-        return cls(TaskData.from_dict(d["data"]), d.get("config"))
+        return cls(TaskData.from_dict(d["data"]), d.get("sampling"))

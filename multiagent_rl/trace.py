@@ -67,31 +67,41 @@ class RewardRecord:
 class TokenStreams:
     """Per-token training signal written by an algorithm, aligned with ``trace.token_ids``.
 
-    ``rl`` holds advantages (0 where not trained), ``ce`` cross-entropy weights, ``ref_kl``
-    weights for the reverse-KL stream and ``ref_logprobs`` the teacher's logprob of each token
-    (``None`` where it has none). ``algorithm`` is the tag used for metrics.
+    One field per loss stream (see :data:`multiagent_rl.loss.STREAMS`): ``advantages`` (the rl
+    stream: the advantage of each token it trains, 0 elsewhere), ``ce_weights`` (cross-entropy
+    weights), ``ref_kl_weights`` (weights of the reverse-KL stream) and ``ref_logprobs`` (the
+    teacher's logprob of each token, ``None`` where it has none). ``algorithm`` is the tag used for
+    metrics. A field left ``None`` means the algorithm does not write that stream.
     """
 
     algorithm: str
-    rl: list[float] | None = None
-    ce: list[float] | None = None
-    ref_kl: list[float] | None = None
+    advantages: list[float] | None = None
+    ce_weights: list[float] | None = None
+    ref_kl_weights: list[float] | None = None
     ref_logprobs: list[float | None] | None = None
 
     def has_weight(self) -> bool:
-        return any(any(w != 0 for w in s) for s in (self.rl, self.ce, self.ref_kl) if s is not None)
+        """Whether some stream puts a non-zero weight on some token."""
+        return any(any(w != 0 for w in s) for s in (self.advantages, self.ce_weights, self.ref_kl_weights)
+                   if s is not None)
+
+    def written(self) -> set[str]:
+        """The loss streams this object writes (``"rl"``, ``"ce"``, ``"ref_kl"``)."""
+        fields = {"rl": self.advantages, "ce": self.ce_weights, "ref_kl": self.ref_kl_weights}
+        return {stream for stream, values in fields.items() if values is not None}
 
 
 @dataclass
 class Trace:
     """One agent's run on one task.
 
-    >>> t = Trace(agent="solver", segments=[Segment("prompt", [1, 2]), Segment("action", [3], [-0.5])])
+    >>> t = Trace(role="solver", segments=[Segment("prompt", [1, 2]), Segment("action", [3], [-0.5])])
     >>> t.token_ids, t.num_action_tokens
     ([1, 2, 3], 1)
     """
 
-    agent: str = "agent"
+    role: str = "agent"
+    """The seat (role) that produced this trace, e.g. ``"player_0"`` or ``"solver"``."""
     segments: list[Segment] = field(default_factory=list)
     trainable: bool = False
     model: str | None = None
@@ -176,7 +186,7 @@ class Trace:
         for what, x in (("reward", value), ("weight", weight)):
             if isinstance(x, bool) or not isinstance(x, Real) or not math.isfinite(x):
                 raise ValueError(
-                    f"role {self.agent!r}: {what} of reward {name!r} is {x!r}, not a finite number; "
+                    f"role {self.role!r}: {what} of reward {name!r} is {x!r}, not a finite number; "
                     "rewards must be finite floats"
                 )
         self.rewards.append(RewardRecord(name, float(value), float(weight)))
@@ -185,13 +195,13 @@ class Trace:
         """Why this trace's rewards cannot be trained on (a non-finite record), or None."""
         for r in self.rewards:
             if not (math.isfinite(r.value) and math.isfinite(r.weight)):
-                return f"role {self.agent!r}: reward {r.name!r} is {r.value} (weight {r.weight}), not a finite number"
+                return f"role {self.role!r}: reward {r.name!r} is {r.value} (weight {r.weight}), not a finite number"
         return None
 
     # -- serialisation --------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return {
-            "agent": self.agent,
+            "role": self.role,
             "segments": [
                 {"kind": s.kind, "token_ids": s.token_ids, "logprobs": s.logprobs, "allowed": s.allowed,
                  "temperature": s.temperature}
@@ -211,7 +221,7 @@ class Trace:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Trace:
         return cls(
-            agent=d["agent"],
+            role=d["role"],
             segments=[Segment(**s) for s in d["segments"]],
             trainable=d["trainable"],
             model=d["model"],

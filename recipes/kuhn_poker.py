@@ -33,11 +33,12 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
+from multiagent_rl.callbacks import PhaseLearningRate  # noqa: E402
 from multiagent_rl.config import ExperimentConfig  # noqa: E402
 from multiagent_rl.envs.kuhn_poker import KuhnPokerEnv  # noqa: E402
-from multiagent_rl.eval import kuhn  # noqa: E402
-from multiagent_rl.eval.kuhn import KuhnEvaluation  # noqa: E402
-from multiagent_rl.trainer import MixedAlgorithmTrainer, TrainingInterrupted, WarmupLearningRate  # noqa: E402
+from multiagent_rl.eval.kuhn import evaluation_report  # noqa: E402
+from multiagent_rl.eval.kuhn_policy import KuhnEvaluation, plot_exploitability, read_policy  # noqa: E402
+from multiagent_rl.trainer import MixedAlgorithmTrainer, TrainingInterrupted  # noqa: E402
 
 WARMUP_POLICY = "multiagent_rl.envs.kuhn_poker:random_mixed_policy"
 
@@ -156,9 +157,9 @@ def main(argv=None) -> dict:
     stops = [e.stop_step for e in config.env if e.stop_step is not None]
     warmup = max(stops, default=0)
     evaluation = KuhnEvaluation(args.eval_every, start_step=warmup)
-    trainer = MixedAlgorithmTrainer(config, callbacks=[evaluation, WarmupLearningRate(warmup, args.warmup_lr)])
+    trainer = MixedAlgorithmTrainer(config, callbacks=[evaluation, PhaseLearningRate([(0, warmup, args.warmup_lr)])])
     evaluation.trainer = trainer
-    legal_choices = any(isinstance(env, KuhnPokerEnv) and env.legal_choices for env in trainer.envs)
+    legal_choices = any(isinstance(slot.env, KuhnPokerEnv) and slot.env.legal_choices for slot in trainer.rollout.slots)
     evaluation.legal_choices = legal_choices
     interrupted = None
     try:
@@ -178,17 +179,17 @@ def main(argv=None) -> dict:
         "final_exploitability": final.get("exploitability"),
         "final_avg_exploitability": final.get("avg_exploitability"),
         "final_invalid_reply_rate": final.get("invalid_reply_rate"),
-        "episodes": trainer.episodes_played,
+        "episodes": trainer.rollout.episodes_played,
         "seconds": final.get("seconds"),
-        "report": kuhn.evaluation_report(kuhn.read_policy(model, trainer.tokenizer, legal_choices=legal_choices)),
-        "avg_report": kuhn.evaluation_report(evaluation.average.table()) if len(evaluation.average) else None,
+        "report": evaluation_report(read_policy(model, trainer.tokenizer, legal_choices=legal_choices)),
+        "avg_report": evaluation_report(evaluation.average.table()) if len(evaluation.average) else None,
         "curve": evaluation.points,
     }
     if trainer.accelerator.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
         if evaluation.points:
-            kuhn.plot_exploitability(evaluation.points, str(out / "exploitability.png"))
+            plot_exploitability(evaluation.points, str(out / "exploitability.png"))
         trainer.save_model(str(out / "final_model"))
         print(json.dumps({k: v for k, v in summary.items() if k not in ("curve", "report", "avg_report")}, indent=2))
         print(f"wrote {out / 'summary.json'} and {out / 'exploitability.png'}")

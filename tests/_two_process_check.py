@@ -26,47 +26,19 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
+from conftest import feed, make_episode, make_trace  # noqa: E402  (this script's folder is on sys.path)
 
 from multiagent_rl.env import SingleAgentEnv  # noqa: E402
-from multiagent_rl.episode import Episode  # noqa: E402
 from multiagent_rl.models import load_model_and_tokenizer, resolve_model  # noqa: E402
-from multiagent_rl.task import Task, TaskData  # noqa: E402
-from multiagent_rl.trace import Segment, Trace  # noqa: E402
 from multiagent_rl.trainer import MixedAlgorithmConfig, MixedAlgorithmTrainer  # noqa: E402
 
-VOCAB_LOW, VOCAB_HIGH = 3, 500  # ordinary tokens of the tiny tokenizer (0-2 are special; 622 in all in v2)
+VOCAB_LOW, VOCAB_HIGH = 3, 500  # ordinary tokens of the tiny tokenizer (0-2 are special; 622 in all)
 
 
-def make_trace(agent: str, segments, reward: float) -> Trace:
-    t = Trace(
-        agent=agent,
-        trainable=True,
-        model="policy",
-        segments=[Segment(k, list(ids), [-1.0] * len(ids) if k == "action" else None) for k, ids in segments],
-    )
-    t.add_reward("outcome", reward)
-    return t
+class CountingTrainer(MixedAlgorithmTrainer):
+    """Records the all-reduced per-stream token counts of every generation round."""
 
-
-def make_episode(eid: str, group: str, env: str, env_index: int, traces) -> Episode:
-    return Episode(id=eid, task=Task(TaskData(prompt="p")), group=group, env=env, traces=traces,
-                   info={"env_index": env_index})
-
-
-class FixedRolloutTrainer(MixedAlgorithmTrainer):
-    """Plays no environment: each round is ``episodes_for(step)``, scored as the trainer scores played ones."""
-
-    def __init__(self, *args, episodes_for, **kwargs):
-        self.episodes_for = episodes_for
-        self.rounds: list[dict] = []
-        super().__init__(*args, **kwargs)
-
-    async def _rollout(self, step: int) -> list[Episode]:
-        episodes = self.episodes_for(step)
-        for ep in episodes:
-            for key, roles in self.assignments[ep.info["env_index"]].items():
-                await self.algorithms[key].score_episode(ep, roles)
-        return episodes
+    rounds: list[dict]
 
     def _generate_and_score_completions(self, inputs):
         batch = super()._generate_and_score_completions(inputs)
@@ -74,7 +46,7 @@ class FixedRolloutTrainer(MixedAlgorithmTrainer):
         return batch
 
 
-def shares(step: int, world: int) -> list[list[Episode]]:
+def shares(step: int, world: int) -> list[list]:
     """One round's episodes in ``world`` consecutive shares (their concatenation is the same for any world)."""
     rng = random.Random(1000 + step)
 
@@ -90,18 +62,18 @@ def shares(step: int, world: int) -> list[list[Episode]]:
             [("prompt", ids(4)), ("action", ids(2)), ("observation", ids(3 + k)), ("action", ids(1))],
             float((3 * k) % 4 - step),
         )
-        eps.append(make_episode(f"s{step}-kuhn-{k}", f"s{step}-kuhn", "kuhn_poker", 0, [p0, p1]))
+        eps.append(make_episode(f"s{step}-kuhn-{k}", f"s{step}-kuhn", "kuhn_poker", [p0, p1]))
     # A second Kuhn group whose rewards tie for player_1: ECHO's rl is zero there, its ce is not.
     for k in range(2):
         p0 = make_trace("player_0", [("prompt", ids(6)), ("action", ids(2))], float(2 * k))
         p1 = make_trace(
             "player_1", [("prompt", ids(4)), ("action", ids(1)), ("observation", ids(2)), ("action", ids(2))], 1.0
         )
-        eps.append(make_episode(f"s{step}-kuhn2-{k}", f"s{step}-kuhn2", "kuhn_poker", 0, [p0, p1]))
+        eps.append(make_episode(f"s{step}-kuhn2-{k}", f"s{step}-kuhn2", "kuhn_poker", [p0, p1]))
     # OPD group on the single-agent env.
     for k in range(2):
         t = make_trace("agent", [("prompt", ids(3 + k)), ("action", ids(3 + k))], 0.0)
-        eps.append(make_episode(f"s{step}-single-{k}", f"s{step}-single", "single", 1, [t]))
+        eps.append(make_episode(f"s{step}-single-{k}", f"s{step}-single", "single", [t]))
     # 8 episodes in one fixed order; with 2 processes rank 0 gets kuhn episodes 0-1 and rank 1 gets 2-3
     # (that group spans the ranks).
     order = eps[:2] + eps[4:6] + eps[2:4] + eps[6:]
@@ -109,7 +81,7 @@ def shares(step: int, world: int) -> list[list[Episode]]:
     return [order[r * size : (r + 1) * size] for r in range(world)]
 
 
-def build(output_dir: str, rank_share: bool = True) -> FixedRolloutTrainer:
+def build(output_dir: str) -> CountingTrainer:
     model, tok = load_model_and_tokenizer("tiny", device="cpu")
     assert len(tok) > VOCAB_HIGH, f"the tiny tokenizer shrank to {len(tok)} tokens: lower VOCAB_HIGH"
     experiment = {
@@ -130,16 +102,10 @@ def build(output_dir: str, rank_share: bool = True) -> FixedRolloutTrainer:
         output_dir=output_dir, report_to=[], save_strategy="no", save_episodes=False, max_steps=2,
         learning_rate=1e-3, logging_steps=1, disable_tqdm=True, seed=0,
     )
-    holder: dict = {}
-
-    def episodes_for(step):
-        trainer = holder["trainer"]
-        world, rank = trainer.accelerator.num_processes, trainer.accelerator.process_index
-        return shares(step, world)[rank]
-
-    trainer = FixedRolloutTrainer(experiment, args=args, model=model, processing_class=tok, episodes_for=episodes_for)
-    holder["trainer"] = trainer
-    return trainer
+    trainer = CountingTrainer(experiment, args=args, model=model, processing_class=tok)
+    trainer.rounds = []
+    world, rank = trainer.accelerator.num_processes, trainer.accelerator.process_index
+    return feed(trainer, lambda step: shares(step, world)[rank])
 
 
 def run(out_dir: str) -> dict:
@@ -149,18 +115,18 @@ def run(out_dir: str) -> dict:
         trainer.train()
     rank = trainer.accelerator.process_index
     streams = {}
-    for ep in trainer.last_episodes:
+    for ep in trainer.rollout.last_episodes:
         for i, t in enumerate(ep.traces):
             if t.streams is not None:
-                streams[f"{ep.id}/{t.agent}/{i}"] = {
-                    name: sum(getattr(t.streams, name) or [])
-                    for name in ("rl", "ce", "ref_kl")
+                streams[f"{ep.id}/{t.role}/{i}"] = {
+                    name: sum(getattr(t.streams, field) or [])
+                    for name, field in (("rl", "advantages"), ("ce", "ce_weights"), ("ref_kl", "ref_kl_weights"))
                 }
     result = {
         "world": trainer.accelerator.num_processes,
         "rank": rank,
         "rounds": trainer.rounds,
-        "state": trainer.algorithm_state(),
+        "state": trainer.rollout.algorithm_state(),
         "logs": [
             {k: v for k, v in h.items() if k in ("loss", "grad_norm", "entropy") or k.startswith(("loss/", "ref_kl/"))}
             for h in trainer.state.log_history

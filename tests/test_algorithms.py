@@ -22,6 +22,7 @@ from multiagent_rl.algorithms import (
 )
 from multiagent_rl.algorithms.echo import EchoConfig
 from multiagent_rl.algorithms.grpo import GRPOConfig
+from multiagent_rl.backends import TransformersBackend
 from multiagent_rl.episode import Episode
 from multiagent_rl.rewards import learnability
 from multiagent_rl.scoring import token_logprobs
@@ -36,7 +37,7 @@ def make_trace(agent: str, reward: float, segments=None, trainable: bool = True,
     if segments is None:
         segments = [("prompt", [1, 2]), ("action", [3, 4]), ("observation", [5]), ("action", [6])]
     t = Trace(
-        agent=agent,
+        role=agent,
         trainable=trainable,
         error=error,
         segments=[
@@ -55,10 +56,10 @@ def rl_value(trace: Trace) -> float:
     """The single advantage written on a trace's action tokens (checks it is 0 elsewhere)."""
     s = trace.streams
     kinds = trace.token_kinds
-    assert s is not None and len(s.rl) == len(kinds)
-    vals = {v for v, k in zip(s.rl, kinds) if k == "action"}
+    assert s is not None and len(s.advantages) == len(kinds)
+    vals = {v for v, k in zip(s.advantages, kinds) if k == "action"}
     assert len(vals) == 1
-    assert all(v == 0 for v, k in zip(s.rl, kinds) if k != "action")
+    assert all(v == 0 for v, k in zip(s.advantages, kinds) if k != "action")
     return vals.pop()
 
 
@@ -100,7 +101,7 @@ def test_grpo_per_role_not_pooled():
     for e in episodes:
         for t in e.traces:
             assert t.streams.algorithm == "grpo"
-            assert t.streams.ce is None and t.streams.ref_kl is None and t.streams.ref_logprobs is None
+            assert t.streams.ce_weights is None and t.streams.ref_kl_weights is None and t.streams.ref_logprobs is None
 
 
 def test_grpo_std_scaling_matches_unbiased_std():
@@ -243,8 +244,8 @@ def test_hierarchical_grpo_scaled():
 def test_sft_ce_mask():
     t = make_trace("teacher", 0.0)
     build_algorithm({"type": "sft"}).score_group([make_episode([t])])
-    assert t.streams.ce == [0.0, 0.0, 1.0, 1.0, 0.0, 1.0]
-    assert t.streams.rl is None and t.streams.ref_kl is None
+    assert t.streams.ce_weights == [0.0, 0.0, 1.0, 1.0, 0.0, 1.0]
+    assert t.streams.advantages is None and t.streams.ref_kl_weights is None
     assert t.streams.algorithm == "sft"
     assert ALGORITHMS["sft"].samples_from_policy is False
     assert ALGORITHMS["grpo"].samples_from_policy is True
@@ -262,19 +263,19 @@ def test_echo_observations_after_first_action_and_role_alpha():
     algo.score_group(episodes)
     ta, tb = episodes[0].traces
     # observations [2, 3] precede the first action: no ce weight
-    assert ta.streams.ce == [0, 0, 0, 0, 0.1, 0.1, 0, 0.1]
-    assert tb.streams.ce == [0, 0, 0, 0, 0.5, 0.5, 0, 0.5]
+    assert ta.streams.ce_weights == [0, 0, 0, 0, 0.1, 0.1, 0, 0.1]
+    assert tb.streams.ce_weights == [0, 0, 0, 0, 0.5, 0.5, 0, 0.5]
     # rl part is per-role GRPO
-    assert ta.streams.rl == [0, 0, 0, 0.5, 0, 0, 0.5, 0]
-    assert tb.streams.rl == [0, 0, 0, 1.0, 0, 0, 1.0, 0]
+    assert ta.streams.advantages == [0, 0, 0, 0.5, 0, 0, 0.5, 0]
+    assert tb.streams.advantages == [0, 0, 0, 1.0, 0, 0, 1.0, 0]
     assert rl_value(episodes[1].traces[1]) == pytest.approx(-1.0)
-    assert ta.streams.algorithm == "echo" and ta.streams.ref_kl is None
+    assert ta.streams.algorithm == "echo" and ta.streams.ref_kl_weights is None
     # echo's credit is grpo's
     other = [make_episode([make_trace("a", r, segs)], i) for i, r in enumerate([1.0, 0.0, 0.5])]
     mirror = [make_episode([make_trace("a", r, segs)], i) for i, r in enumerate([1.0, 0.0, 0.5])]
     build_algorithm({"type": "echo", "scale_rewards": True}).score_group(other)
     build_algorithm({"type": "grpo", "scale_rewards": True}).score_group(mirror)
-    assert [e.traces[0].streams.rl for e in other] == [e.traces[0].streams.rl for e in mirror]
+    assert [e.traces[0].streams.advantages for e in other] == [e.traces[0].streams.advantages for e in mirror]
 
 
 # -- registry -------------------------------------------------------------------------------
@@ -345,13 +346,19 @@ def test_token_logprobs_matches_unpadded_forward():
         token_logprobs(model, [[1, 50]])
 
 
+class StubTokenizerIds:
+    """The ids a backend needs from a tokenizer."""
+
+    eos_token_id, pad_token_id = 2, 0
+
+
 def test_opd_teacher_logprobs_on_actions():
     teacher = tiny_model(1)
     loaded = []
 
-    def load_model(name):
+    def load_backend(name):
         loaded.append(name)
-        return teacher
+        return TransformersBackend(teacher, StubTokenizerIds(), model_id=name)
 
     segs = [("prompt", [1, 2, 3]), ("action", [4, 5]), ("observation", [6]), ("action", [7, 8])]
     t1 = make_trace("student", 1.0, segs)
@@ -360,7 +367,7 @@ def test_opd_teacher_logprobs_on_actions():
     episode = make_episode([t1, t2, frozen])
     algo = build_algorithm({"type": "opd", "teacher": "some/teacher"})
     assert algo.loss_types == ("ref_kl",)
-    run(algo.setup(AlgorithmContext(policy_model=None, tokenizer=None, load_model=load_model)))
+    run(algo.setup(AlgorithmContext(tokenizer=None, load_backend=load_backend)))
     assert loaded == ["some/teacher"]
     run(algo.score_episode(episode))
     algo.score_group([episode])  # no-op
@@ -368,8 +375,8 @@ def test_opd_teacher_logprobs_on_actions():
         direct = direct_logprobs(teacher, t.token_ids)
         kinds = t.token_kinds
         assert_close(t.streams.ref_logprobs, [lp if k == "action" else None for lp, k in zip(direct, kinds)])
-        assert t.streams.ref_kl == [1.0 if k == "action" else 0.0 for k in kinds]
-        assert t.streams.rl is None and t.streams.ce is None and t.streams.algorithm == "opd"
+        assert t.streams.ref_kl_weights == [1.0 if k == "action" else 0.0 for k in kinds]
+        assert t.streams.advantages is None and t.streams.ce_weights is None and t.streams.algorithm == "opd"
     assert frozen.streams is None
 
     # tokens outside the teacher's vocabulary: clear error
@@ -401,16 +408,18 @@ def test_opsd_drops_hint_positions(mode):
     policy.train()
     tok = StubTokenizer(as_dict=(mode == "frozen"))
     algo = build_algorithm({"type": "opsd", "teacher": mode, "template": "Solution: {demonstration}"})
-    run(algo.setup(AlgorithmContext(policy_model=policy, tokenizer=tok, load_model=None)))
+    tok.eos_token_id, tok.pad_token_id = 2, 0
+    live = TransformersBackend(policy, tok, model_id="policy")
+    run(algo.setup(AlgorithmContext(policy_backend=live, policy_model=policy, tokenizer=tok)))
     if mode == "frozen":
-        assert algo.teacher is not policy and not algo.teacher.training
-        assert not any(p.requires_grad for p in algo.teacher.parameters())
+        assert algo.teacher.model is not policy and not algo.teacher.model.training
+        assert not any(p.requires_grad for p in algo.teacher.model.parameters())
         with torch.no_grad():  # later policy updates do not reach the frozen copy
             for p in policy.parameters():
                 p.add_(0.5)
-        reference = algo.teacher
+        reference = algo.teacher.model
     else:
-        assert algo.teacher is policy
+        assert algo.teacher is live and algo.teacher.model is policy
         reference = policy
 
     segs = [("prompt", [1, 2]), ("action", [3, 4]), ("observation", [5]), ("action", [6])]
@@ -431,7 +440,7 @@ def test_opsd_drops_hint_positions(mode):
         direct = direct_logprobs(reference, hint + trace.token_ids)[len(hint):]
         kinds = trace.token_kinds
         assert_close(trace.streams.ref_logprobs, [lp if k == "action" else None for lp, k in zip(direct, kinds)])
-        assert trace.streams.ref_kl == [1.0 if k == "action" else 0.0 for k in kinds]
+        assert trace.streams.ref_kl_weights == [1.0 if k == "action" else 0.0 for k in kinds]
         assert trace.streams.algorithm == "opsd"
         # the hint matters: without it the action logprobs differ
         plain = direct_logprobs(reference, trace.token_ids)

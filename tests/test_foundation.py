@@ -150,7 +150,7 @@ def test_trace_and_episode_round_trip_through_json(backend):
     ep = run(Chatter(turns=3).play(mrl.Task(mrl.TaskData(prompt="Hello!", answer="x", info={"k": [1, 2]})),
                                    {"agent": agent}, trainable={"agent": True}, group="g1"))
     ep.traces[0].metrics["m"] = 0.5
-    ep.traces[0].streams = mrl.TokenStreams("grpo", rl=[0.0] * len(ep.traces[0].token_ids))
+    ep.traces[0].streams = mrl.TokenStreams("grpo", advantages=[0.0] * len(ep.traces[0].token_ids))
     back = mrl.Episode.from_json(json.dumps(json.loads(ep.to_json())))
     assert back == ep
     assert back.traces[0].reward == ep.traces[0].reward

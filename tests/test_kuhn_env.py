@@ -9,6 +9,8 @@ import pytest
 import multiagent_rl as mrl
 from multiagent_rl.envs import kuhn_poker as kp
 from multiagent_rl.eval import kuhn
+from multiagent_rl.eval.kuhn_policy import info_state_context
+from multiagent_rl.games import kuhn as rules
 
 SEQUENCES = [("check", "check"), ("check", "bet", "fold"), ("check", "bet", "call"), ("bet", "fold"), ("bet", "call")]
 
@@ -37,20 +39,20 @@ def openspiel_returns(cards, sequence):
     game = pyspiel.load_game("kuhn_poker")
     state = game.new_initial_state()
     for card in cards:
-        state.apply_action(kuhn.CARDS.index(card))
+        state.apply_action(rules.CARDS.index(card))
     for action in sequence:
         state.apply_action(kuhn.ACTION_IDS[action])
     assert state.is_terminal()
     return state.returns()
 
 
-@pytest.mark.parametrize("cards", list(itertools.permutations(kuhn.CARDS, 2)))
+@pytest.mark.parametrize("cards", list(itertools.permutations(rules.CARDS, 2)))
 @pytest.mark.parametrize("sequence", SEQUENCES)
 def test_every_deal_and_sequence_pays_what_openspiel_pays(cards, sequence):
     p0 = [a for i, a in enumerate(sequence) if kp.to_act(sequence[:i]) == 0]
     p1 = [a for i, a in enumerate(sequence) if kp.to_act(sequence[:i]) == 1]
     ep, _ = play(cards, p0, p1)
-    t0, t1 = ep.by_agent("player_0")[0], ep.by_agent("player_1")[0]
+    t0, t1 = ep.by_role("player_0")[0], ep.by_role("player_1")[0]
     assert [t0.reward, t1.reward] == openspiel_returns(cards, sequence)
     assert t0.info["history"] == list(sequence)
     assert t0.trainable and t1.trainable
@@ -66,9 +68,9 @@ def test_prompts_state_card_history_and_legal_actions():
 
 def test_invalid_reply_gets_one_reprompt_then_forfeits():
     ep, seen = play(("Q", "K"), ["raise", "Bet."], ["call"], reply_tokens=4)  # re-prompted, then a valid bet
-    assert ep.by_agent("player_0")[0].metrics["invalid_replies"] == 1
+    assert ep.by_role("player_0")[0].metrics["invalid_replies"] == 1
     assert seen[1] == kp.invalid_prompt(())
-    assert ep.by_agent("player_0")[0].reward == -2  # lost the showdown for 2 chips
+    assert ep.by_role("player_0")[0].reward == -2  # lost the showdown for 2 chips
 
     ep, _ = play(("K", "J"), ["raise", "all in"], [], reply_tokens=4)
     (t0,) = ep.traces  # player 1 never acted, so it has no run to record (and nothing to train)
@@ -86,13 +88,13 @@ def test_scripted_nash_players_earn_the_game_value():
               for i, r in enumerate(kp.ROLES)}
     tasks = env.sample_tasks(3000, random.Random(0))
     eps = asyncio.run(mrl.play_episodes(env, tasks, agents, seed="0"))
-    mean = sum(e.by_agent("player_0")[0].reward for e in eps) / len(eps)
-    assert abs(mean - kuhn.NASH_VALUE_P0) < 0.06  # -1/18 ± ~3 standard errors
+    mean = sum(e.by_role("player_0")[0].reward for e in eps) / len(eps)
+    assert abs(mean - rules.NASH_VALUE_P0) < 0.06  # -1/18 ± ~3 standard errors
 
 
 def test_read_policy_contexts_match_play(tiny):
     """The evaluation reads the model at exactly the tokens a seat sees during play."""
-    from multiagent_rl.agent import ChatTemplate
+    from multiagent_rl.chat_template import ChatTemplate
 
     model, tok = tiny
     backend = mrl.TransformersBackend(model, tok)
@@ -110,5 +112,5 @@ def test_read_policy_contexts_match_play(tiny):
     ep = asyncio.run(kp.KuhnPokerEnv().play(task, {"player_0": seat0, "player_1": seat1}))
     assert ep.ok and len(contexts) == 3  # check; facing the bet "check" is invalid -> one re-prompt
     template = ChatTemplate(tok)
-    assert contexts[0] == kuhn.info_state_context(template, kuhn.InfoState(0, "Q", ()))
-    assert contexts[1] == kuhn.info_state_context(template, kuhn.InfoState(0, "Q", ("check", "bet")))
+    assert contexts[0] == info_state_context(template, rules.InfoState(0, "Q", ()))
+    assert contexts[1] == info_state_context(template, rules.InfoState(0, "Q", ("check", "bet")))

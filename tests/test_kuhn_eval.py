@@ -15,26 +15,24 @@ from open_spiel.python import policy as policy_lib
 from open_spiel.python.algorithms import expected_game_score, exploitability
 
 from multiagent_rl.eval import kuhn
-from multiagent_rl.eval.kuhn import (
+from multiagent_rl.eval.kuhn import evaluation_report, expected_chips, exploitability_of, to_openspiel
+from multiagent_rl.eval.kuhn_policy import plot_exploitability
+from multiagent_rl.games import kuhn as game
+from multiagent_rl.games.kuhn import (
     CARDS,
     INFO_STATES,
     AveragePolicy,
     InfoState,
-    evaluation_report,
-    expected_chips,
-    exploitability_of,
     invalid_mass,
     nash_policy,
     own_reach,
-    plot_exploitability,
-    to_openspiel,
     uniform_policy,
 )
 
 GAME = pyspiel.load_game("kuhn_poker")
 
 
-def pure(bets: dict) -> kuhn.PolicyTable:
+def pure(bets: dict) -> game.PolicyTable:
     """Pure strategy: ``bets[s]`` True plays the aggressive action (bet/call) at ``s``."""
     return {
         s: dict(zip(s.legal_actions, (0.0, 1.0) if bets.get(s, False) else (1.0, 0.0)))
@@ -42,7 +40,7 @@ def pure(bets: dict) -> kuhn.PolicyTable:
     }
 
 
-def random_table(rng) -> kuhn.PolicyTable:
+def random_table(rng) -> game.PolicyTable:
     out = {}
     for s in INFO_STATES:
         p = rng.uniform()
@@ -225,7 +223,7 @@ def _enumerate_value(p0_table, p1_table, seat):
                     return prob * (v if seat == 0 else -v)
                 player = len(hist) % 2
                 s = InfoState(player, cards[player], hist)
-                row = kuhn.normalized(tables[player], s)
+                row = game.normalized(tables[player], s)
                 return sum(go(hist + (a,), prob * p) for a, p in row.items())
 
             total += go((), 1 / 6)
@@ -272,5 +270,6 @@ def test_plot(tmp_path):
 
 
 def test_doctests():
-    result = doctest.testmod(kuhn, optionflags=doctest.ELLIPSIS)
-    assert result.failed == 0 and result.attempted > 10
+    for module, at_least in ((kuhn, 5), (game, 10)):
+        result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+        assert result.failed == 0 and result.attempted >= at_least, module.__name__

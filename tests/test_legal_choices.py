@@ -11,8 +11,6 @@ import asyncio
 import copy
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -24,8 +22,6 @@ from multiagent_rl.envs import kuhn_poker as kp
 from multiagent_rl.scoring import token_logprobs
 from multiagent_rl.task import Task, TaskData
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _two_process_check import FixedRolloutTrainer  # noqa: E402
 from test_kuhn_env import SEQUENCES, openspiel_returns  # noqa: E402
 
 
@@ -144,7 +140,7 @@ def test_rules_are_unchanged_under_legal_choices(cards, sequence):
     task = mrl.Task(mrl.TaskData(info={"cards": list(cards)}))
     ep = asyncio.run(kp.KuhnPokerEnv(legal_choices=True).play(task, {"player_0": seat(p0), "player_1": seat(p1)}))
     assert ep.ok, ep.errors
-    assert [ep.by_agent(r)[0].reward for r in kp.ROLES] == openspiel_returns(cards, sequence)
+    assert [ep.by_role(r)[0].reward for r in kp.ROLES] == openspiel_returns(cards, sequence)
     assert offered == [kp.legal_actions(sequence[:i]) for i in range(len(sequence))]
 
 
@@ -155,13 +151,9 @@ def test_a_scripted_reply_outside_the_choices_fails_the_episode_with_a_clear_err
     assert not ep.ok and "not one of the choices" in ep.errors[0]
 
 
-def _kuhn_trainer(tmp_path, tiny, episodes, **kw):
-    from test_trainer import mixed_args
-
-    model, tok = tiny
+def _kuhn_trainer(fixed_trainer, tmp_path, tiny, episodes, **kw):
     experiment = {"algo": {"type": "grpo"}, "env": [{"id": "kuhn_poker", "args": {"legal_choices": True}}]}
-    return FixedRolloutTrainer(experiment, args=mixed_args(tmp_path, **kw), model=copy.deepcopy(model),
-                               processing_class=tok, episodes_for=lambda step: copy.deepcopy(episodes))
+    return fixed_trainer(tmp_path / "run", tiny, experiment, episodes, **kw)
 
 
 def _played_kuhn_episodes(backend):
@@ -174,36 +166,34 @@ def _played_kuhn_episodes(backend):
                                        {"player_0": agent, "player_1": agent}, group_size=6,
                                        trainable={"player_0": True, "player_1": True}))
         for k, ep in enumerate(group):
-            ep.id, ep.group, ep.env, ep.info["env_index"] = f"g{g}-{k}", f"g{g}", "kuhn_poker", 0
+            ep.id, ep.group, ep.env = f"g{g}-{k}", f"g{g}", "kuhn_poker"
         episodes += group
     return episodes
 
 
 @pytest.mark.parametrize("entropy_coef", [0.0, 0.3])
-def test_loss_scores_constrained_tokens_as_they_were_sampled(tmp_path, tiny, backend, entropy_coef):
+def test_loss_scores_constrained_tokens_as_they_were_sampled(tmp_path, tiny, backend, entropy_coef, loss_and_grads,
+                                                            grad_checks, fixed_trainer):
     """Collated Kuhn traces under the harness: the trainer's logprobs equal the sampling ones, forced
     end-of-turn tokens carry no weight, and the gradient equals the directly written restricted PG loss
     (minus the entropy bonus over the legal words, when it is on)."""
-    from test_trainer import loss_and_grads, max_grad, max_grad_diff
-
+    max_grad, max_grad_diff = grad_checks
     episodes = _played_kuhn_episodes(backend)
     assert all(ep.ok for ep in episodes)
     assert all(t.metrics["invalid_replies"] == 0 for ep in episodes for t in ep.traces)
-    trainer = _kuhn_trainer(tmp_path, tiny, episodes, entropy_coef=entropy_coef)
+    trainer = _kuhn_trainer(fixed_trainer, tmp_path, tiny, episodes, entropy_coef=entropy_coef)
     batch = trainer._generate_and_score_completions(None)
     assert "allowed_ids" in batch
-    # one decision token per reply counts; the forced end-of-turn token does not
+    # one decision token per reply counts (zero advantages included); the forced end-of-turn token does not
     decisions = sum(
-        len(s.token_ids) // 2 for ep in trainer.last_episodes for t in ep.traces if t.streams and any(t.streams.rl)
+        len(s.token_ids) // 2 for ep in trainer.rollout.last_episodes for t in ep.traces if t.streams
         for s in t.segments if s.kind == "action"
     )
     assert batch["rl_mask"].sum().item() == batch["num_rl_tokens"].item() == decisions > 0
 
     model = trainer.model
-    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
-    mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
     with torch.no_grad():
-        logps, entropies = trainer._token_logps(model, ids, mask, batch, compute_entropy=True)
+        logps, entropies = trainer._token_logps(model, batch, compute_entropy=True)
     decision = (batch["allowed_ids"] >= 0).sum(-1) > 1
     torch.testing.assert_close(logps[decision], batch["sampling_logps"][decision], atol=1e-4, rtol=0)
     p = logps[decision].exp()
@@ -214,12 +204,12 @@ def test_loss_scores_constrained_tokens_as_they_were_sampled(tmp_path, tiny, bac
     # the same loss written directly: -Σ A · log π_restricted(a | s) / N over the decision tokens
     direct = copy.deepcopy(tiny[0]).train().requires_grad_(True)  # same weights; TRL patched the trainer's forward
     total = 0.0
-    for ep in trainer.last_episodes:
+    for ep in trainer.rollout.last_episodes:
         for t in ep.traces:
-            if not (t.streams and any(t.streams.rl)):
+            if not t.streams:
                 continue
             full = torch.log_softmax(direct(torch.tensor([t.token_ids])).logits[0].float(), -1)
-            for j, (token, allowed, a) in enumerate(zip(t.token_ids, t.allowed_token_ids, t.streams.rl)):
+            for j, (token, allowed, a) in enumerate(zip(t.token_ids, t.allowed_token_ids, t.streams.advantages)):
                 if allowed is not None and len(allowed) > 1:
                     restricted = torch.log_softmax(full[j - 1, allowed], -1)
                     total = total - a * restricted[allowed.index(token)]
@@ -244,22 +234,23 @@ def test_teacher_scoring_and_json_keep_the_allowed_ids(backend, tiny):
 def test_read_policy_under_the_harness_is_the_policy_played(backend, tiny):
     """Every sampled decision's probability equals the evaluation's table entry for its information state
     (so the exploitability is computed from exactly the policy that plays)."""
-    from multiagent_rl.eval import kuhn
+    from multiagent_rl.eval.kuhn_policy import read_policy
+    from multiagent_rl.games.kuhn import InfoState
 
     model, tok = tiny
-    table = kuhn.read_policy(model, tok, legal_choices=True)
+    table = read_policy(model, tok, legal_choices=True)
     assert all(abs(sum(row.values()) - 1) < 1e-6 for row in table.values())
     checked = 0
     for ep in _played_kuhn_episodes(backend):
         for trace in ep.traces:
-            player = kp.ROLES.index(trace.agent)
+            player = kp.ROLES.index(trace.role)
             history = tuple(trace.info["history"])
             seen = [history[:i] for i in range(len(history)) if kp.to_act(history[:i]) == player]
             decisions = [s for s in trace.segments if s.kind == "action"]
             assert len(decisions) == len(seen)
             for before, segment in zip(seen, decisions):
                 action = history[len(before)]
-                state = kuhn.InfoState(player, trace.info["card"], before)
+                state = InfoState(player, trace.info["card"], before)
                 assert abs(math.exp(segment.logprobs[0]) - table[state][action]) < 1e-4
                 checked += 1
     assert checked > 40

@@ -12,7 +12,6 @@ import json
 import logging
 import math
 import random
-import sys
 import time
 from pathlib import Path
 
@@ -29,8 +28,6 @@ from multiagent_rl.models import ModelNotFoundError, load_model_and_tokenizer
 from multiagent_rl.sinks import load_episode_logs, read_episodes
 from multiagent_rl.trainer import MixedAlgorithmConfig, MixedAlgorithmTrainer
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _two_process_check import FixedRolloutTrainer, make_episode, make_trace  # noqa: E402
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -95,8 +92,8 @@ def test_nonfinite_rewards_fail_their_episode_and_never_reach_the_weights(tmp_pa
                                                                               "group_size": 5}]})
     trainer.train()
     assert all_finite(trainer.model)
-    failed = [ep for ep in trainer.last_episodes if not ep.ok]
-    assert len(failed) == 6 and len(trainer.last_episodes) == 20  # 30% of 20
+    failed = [ep for ep in trainer.rollout.last_episodes if not ep.ok]
+    assert len(failed) == 6 and len(trainer.rollout.last_episodes) == 20  # 30% of 20
     for ep in failed:
         assert ep.errors[0].startswith("env 'flaky': ValueError: role 'agent': reward 'score' is "), ep.errors
         assert any(v in ep.errors[0] for v in ("nan", "inf", "-inf"))
@@ -104,10 +101,10 @@ def test_nonfinite_rewards_fail_their_episode_and_never_reach_the_weights(tmp_pa
     logs = [h for h in trainer.state.log_history if "loss" in h]
     assert [h["flaky/failed_episodes"] for h in logs] == [6.0, 6.0]
     assert all(math.isfinite(h["loss"]) and math.isfinite(h["loss/rl"]) for h in logs)
-    for state in trainer.algorithm_state().values():
+    for state in trainer.rollout.algorithm_state().values():
         assert all(math.isfinite(b) for b in state.get("baselines", {}).values())
     with pytest.raises(ValueError, match="reward 'x' is nan, not a finite number"):
-        mrl.Trace(agent="a").add_reward("x", float("nan"))
+        mrl.Trace(role="a").add_reward("x", float("nan"))
 
 
 def test_a_nonfinite_loss_skips_the_step_and_k_in_a_row_stop_the_run(tmp_path, tiny):
@@ -189,10 +186,10 @@ def test_a_trained_seat_without_a_reward_fails_its_episode_not_the_run(tmp_path,
     trainer = trainer_for(tmp_path, tiny, {"env": [{"id": "f", "instance": env, "group_size": 4,
                                                      "roles": {"critic": critic}}]})
     trainer.train()
-    bad = [ep for ep in trainer.last_episodes if not ep.ok]
+    bad = [ep for ep in trainer.rollout.last_episodes if not ep.ok]
     assert len(bad) == 8
     assert all("role 'agent' recorded no reward, but grpo computes credit from rewards" in ep.errors[0] for ep in bad)
-    good = [ep for ep in trainer.last_episodes if ep.ok]
+    good = [ep for ep in trainer.rollout.last_episodes if ep.ok]
     assert all(isinstance(t.reward, float) for ep in good for t in ep.traces)  # the critic's is 0.0, a float
     assert mrl.Trace().reward == 0.0 and isinstance(mrl.Trace().reward, float)
 
@@ -279,11 +276,11 @@ def test_max_rl_refuses_rewards_outside_the_unit_interval(tmp_path, tiny):
     trainer = trainer_for(tmp_path / "b", tiny, {"algo": {"type": "max_rl"}, "env": [{"id": "kuhn_poker", "group_size": 2,
                           "args": {"legal_choices": True, "reward": "unit"}}]}, max_steps=1)
     trainer.train()
-    rewards = {t.reward for ep in trainer.last_episodes for t in ep.traces}
-    assert all(ep.ok for ep in trainer.last_episodes) and rewards <= {0.0, 0.25, 0.75, 1.0}
-    for ep in trainer.last_episodes:
+    rewards = {t.reward for ep in trainer.rollout.last_episodes for t in ep.traces}
+    assert all(ep.ok for ep in trainer.rollout.last_episodes) and rewards <= {0.0, 0.25, 0.75, 1.0}
+    for ep in trainer.rollout.last_episodes:
         for t in ep.traces:
-            assert t.reward == (t.info["chips"][int(t.agent[-1])] + 2) / 4
+            assert t.reward == (t.info["chips"][int(t.role[-1])] + 2) / 4
 
 
 # -- items 8 and 9: temperatures ------------------------------------------------------------------
@@ -335,10 +332,8 @@ def test_a_policy_seat_with_its_own_temperature_is_trained_at_that_temperature(t
     batch = trainer._generate_and_score_completions(None)
     action = batch["action_mask"].bool()
     assert torch.all(batch["temperatures"][action] == 0.5)
-    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
-    mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
     with torch.no_grad():
-        logps, _ = trainer._token_logps(trainer.model, ids, mask, batch)
+        logps, _ = trainer._token_logps(trainer.model, batch)
     diff = (logps - batch["sampling_logps"])[action].abs().max().item()
     assert diff < 1e-5, diff
 
@@ -346,7 +341,7 @@ def test_a_policy_seat_with_its_own_temperature_is_trained_at_that_temperature(t
 # -- item 10: per-stream metrics under gradient accumulation ---------------------------------------
 
 
-def _metric_episodes(step):
+def _metric_episodes(make_trace, make_episode):
     rng = random.Random(7)
 
     def ids(n):
@@ -355,16 +350,15 @@ def _metric_episodes(step):
     eps = []
     for k, r in enumerate([1.0, 0.0, 0.5, 0.5, 2.0, 1.0, 0.0, 1.0]):  # two groups of 4, with ties
         t = make_trace("agent", [("prompt", ids(3 + k)), ("action", ids(2 + k % 3))], r)
-        eps.append(make_episode(f"e{k}", f"g{k // 4}", "single", 0, [t]))
+        eps.append(make_episode(f"e{k}", f"g{k // 4}", "single", [t]))
     for k in range(4):
         t = make_trace("player", [("prompt", ids(4)), ("action", ids(3 + k)), ("observation", ids(2)),
-                                  ("action", ids(1 + k))], 0.0)
-        t.model = "scripted"
-        eps.append(make_episode(f"sft{k}", f"h{k}", "imitate", 1, [t]))
+                                  ("action", ids(1 + k))], 0.0, model="scripted")
+        eps.append(make_episode(f"sft{k}", f"h{k}", "imitate", [t]))
     return eps
 
 
-def test_loss_metrics_do_not_depend_on_gradient_accumulation(tmp_path, tiny):
+def test_loss_metrics_do_not_depend_on_gradient_accumulation(tmp_path, tiny, make_trace, make_episode, feed):
     """The same generation batch, split into 1, 2 or 4 micro-batches: every logged loss metric is the same."""
     model, tok = tiny
     scripted = {"model": "scripted", "policy": lambda turn: "x", "algo": {"type": "sft"}}
@@ -375,10 +369,11 @@ def test_loss_metrics_do_not_depend_on_gradient_accumulation(tmp_path, tiny):
     ]}
     logged = {}
     for gas in (1, 2, 4):
-        trainer = FixedRolloutTrainer(
+        trainer = MixedAlgorithmTrainer(
             experiment, args=args(tmp_path / str(gas), max_steps=1, gradient_accumulation_steps=gas,
                                   steps_per_generation=gas),
-            model=copy.deepcopy(model), processing_class=tok, episodes_for=_metric_episodes)
+            model=copy.deepcopy(model), processing_class=tok)
+        feed(trainer, lambda step: _metric_episodes(make_trace, make_episode))
         trainer.train()
         (log,) = [h for h in trainer.state.log_history if "loss" in h]
         logged[gas] = {k: v for k, v in log.items()
@@ -516,11 +511,11 @@ def test_episode_logs_are_strict_json_with_one_schema(tmp_path, tiny):
         trainer.train()
         path = tmp_path / name / "run" / "episodes" / "rank0.jsonl"
         lines = path.read_text().splitlines()
-        assert len(lines) == len(trainer.last_episodes)
+        assert len(lines) == len(trainer.rollout.last_episodes)
         for line in lines:
             json.loads(line, parse_constant=strict)
         back = [ep for _, ep in read_episodes(path)]
-        for ours, theirs in zip(trainer.last_episodes, back):
+        for ours, theirs in zip(trainer.rollout.last_episodes, back):
             assert [t.token_ids for t in ours.traces] == [t.token_ids for t in theirs.traces]
             assert [t.rewards for t in ours.traces if ours.ok] == [t.rewards for t in theirs.traces if theirs.ok]
             assert ours.errors == theirs.errors and ours.task.data.info == theirs.task.data.info

@@ -30,17 +30,15 @@ from trl.trainer.utils import split_tensor_dict
 
 from multiagent_rl.agent import Agent, AgentConfig
 from multiagent_rl.algorithms import build_algorithm
-from multiagent_rl.backends import SamplingParams
+from multiagent_rl.backends import SamplingParams, build_backend
 from multiagent_rl.collate import collate, trainable_samples
 from multiagent_rl.config import ExperimentConfig
 from multiagent_rl.env import SingleAgentEnv, play_episodes, run_sync
 from multiagent_rl.envs.kuhn_poker import KuhnPokerEnv, random_policy
 from multiagent_rl.models import build_tiny_model
 from multiagent_rl.task import Task, TaskData
-from multiagent_rl.trainer import ALGORITHM_STATE_FILE, MixedAlgorithmConfig, MixedAlgorithmTrainer
+from multiagent_rl.trainer import ALGORITHM_STATE_FILE, MixedAlgorithmTrainer
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _two_process_check import FixedRolloutTrainer, make_episode, make_trace  # noqa: E402
 
 HERE = Path(__file__).parent
 VOCAB = 500  # random token ids stay below the tiny tokenizer's size (622) and above its 3 special tokens
@@ -68,47 +66,6 @@ def single_env(role: str = "agent", reward=None) -> SingleAgentEnv:
     return SingleAgentEnv([{"prompt": p} for p in prompts], reward=reward or (lambda task, trace: 0.0), role=role)
 
 
-def mixed_args(tmp_path, **kw) -> MixedAlgorithmConfig:
-    base = dict(
-        output_dir=str(tmp_path / "run"), report_to=[], save_strategy="no", save_episodes=False,
-        logging_steps=1, disable_tqdm=True, seed=0, max_completion_length=8, max_steps=1,
-    )
-    return MixedAlgorithmConfig(**{**base, **kw})
-
-
-def fixed_trainer(tmp_path, tiny, experiment, episodes, **kw) -> FixedRolloutTrainer:
-    """A trainer on a copy of the tiny model whose every rollout is (a fresh copy of) ``episodes``."""
-    model, tok = tiny
-    assert len(tok) > VOCAB, f"the tiny tokenizer shrank to {len(tok)} tokens: lower VOCAB"
-    source = episodes if callable(episodes) else (lambda step: copy.deepcopy(episodes))
-    return FixedRolloutTrainer(
-        experiment, args=mixed_args(tmp_path, **kw), model=copy.deepcopy(model), processing_class=tok,
-        episodes_for=source,
-    )
-
-
-def loss_and_grads(trainer, inputs, accumulation: int = 1):
-    """``_compute_loss`` in train mode, then backward: (loss, {param name: grad})."""
-    trainer.current_gradient_accumulation_steps = accumulation  # set by the training loop otherwise
-    model = trainer.model
-    model.train()
-    model.zero_grad(set_to_none=True)
-    loss = trainer._compute_loss(model, inputs)
-    loss.backward()
-    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
-    model.zero_grad(set_to_none=True)
-    return loss.detach(), grads
-
-
-def max_grad_diff(a: dict, b: dict) -> float:
-    assert a.keys() == b.keys()
-    return max((a[n] - b[n]).abs().max().item() for n in a)
-
-
-def max_grad(a: dict) -> float:
-    return max(g.abs().max().item() for g in a.values())
-
-
 @torch.no_grad()
 def token_logps(model, token_ids: list[int]) -> list[float | None]:
     """log p(t_j | t_<j) for every position of one unpadded sequence (None at 0), plain forward pass."""
@@ -125,10 +82,10 @@ def trained_rows(episodes):
 # -- 1. GRPO parity with TRL --------------------------------------------------------------------
 
 
-def _grpo_episodes(rewards=(1.0, 0.0, 0.5, 2.0)):  # default: mean 0.875, no sample has a zero advantage
+def _grpo_episodes(make_trace, make_episode, rewards=(1.0, 0.0, 0.5, 2.0)):  # default: mean 0.875, no sample has a zero advantage
     rng = random.Random(0)
     return [
-        make_episode(f"e{k}", "g0", "single", 0,
+        make_episode(f"e{k}", "g0", "single",
                      [make_trace("agent", [("prompt", ids(rng, 3 + 2 * k)), ("action", ids(rng, 6 - k))], r)])
         for k, r in enumerate(rewards)
     ]
@@ -155,11 +112,12 @@ REWARD_SETS = {"distinct": (1.0, 0.0, 0.5, 2.0), "ties": (1.0, 0.0, 0.5, 0.5), "
 
 @pytest.mark.parametrize("reward_set", list(REWARD_SETS))
 @pytest.mark.parametrize("accumulation, steps_per_generation", [(1, 1), (2, 2), (1, 2)])
-def test_all_grpo_loss_and_gradients_equal_trl(tmp_path, tiny, accumulation, steps_per_generation, reward_set):
+def test_all_grpo_loss_and_gradients_equal_trl(tmp_path, tiny, accumulation, steps_per_generation, reward_set, make_trace, make_episode, fixed_trainer, loss_and_grads, grad_checks):
     """Per micro-batch, on-policy (ratio 1) and off-policy (clipped ratios), loss and gradients equal TRL's,
     for any rewards: zero-advantage samples (ties, an all-equal group) count in the rl token count as in TRL."""
+    max_grad, max_grad_diff = grad_checks
     experiment = {"algo": {"type": "grpo"}, "env": [{"id": "single", "instance": single_env(), "group_size": 4}]}
-    episodes = _grpo_episodes(REWARD_SETS[reward_set])
+    episodes = _grpo_episodes(make_trace, make_episode, REWARD_SETS[reward_set])
     rewards = torch.tensor([ep.traces[0].reward for ep in episodes])
     expected_adv = rewards - rewards.mean()
 
@@ -214,11 +172,11 @@ def test_all_grpo_loss_and_gradients_equal_trl(tmp_path, tiny, accumulation, ste
     assert abs(sums["on"][0].item() - whole * steps_per_generation / accumulation) < 1e-6
 
 
-def test_skip_zero_advantage_scales_the_rl_step_by_the_share_of_nonzero_tokens(tmp_path, tiny):
+def test_skip_zero_advantage_scales_the_rl_step_by_the_share_of_nonzero_tokens(tmp_path, tiny, make_trace, make_episode, fixed_trainer, loss_and_grads):
     """The documented option: zero-advantage samples leave the rl token count, so loss and gradient are TRL's
     × N_all / N_nonzero."""
     experiment = {"algo": {"type": "grpo"}, "env": [{"id": "single", "instance": single_env(), "group_size": 4}]}
-    episodes = _grpo_episodes(REWARD_SETS["ties"])
+    episodes = _grpo_episodes(make_trace, make_episode, REWARD_SETS["ties"])
     counted = fixed_trainer(tmp_path / "a", tiny, experiment, episodes)
     skipped = fixed_trainer(tmp_path / "b", tiny, experiment, episodes, skip_zero_advantage=True)
     batch_all = counted._generate_and_score_completions(None)
@@ -235,13 +193,14 @@ def test_skip_zero_advantage_scales_the_rl_step_by_the_share_of_nonzero_tokens(t
 # -- 2. cross-entropy stream --------------------------------------------------------------------
 
 
-def test_all_sft_loss_is_mean_token_cross_entropy(tmp_path, tiny):
+def test_all_sft_loss_is_mean_token_cross_entropy(tmp_path, tiny, make_trace, make_episode, fixed_trainer, loss_and_grads, grad_checks):
+    max_grad, max_grad_diff = grad_checks
     rng = random.Random(1)
     scripted = {"model": "scripted", "policy": lambda turn: "yes", "trainable": True}
     experiment = {"algo": {"type": "sft"},
                   "env": [{"id": "single", "instance": single_env(), "roles": {"agent": scripted}}]}
     episodes = [
-        make_episode(f"e{k}", f"g{k}", "single", 0, [make_trace(
+        make_episode(f"e{k}", f"g{k}", "single", [make_trace(
             "agent",
             [("prompt", ids(rng, 4 + k)), ("action", ids(rng, 2 + k)), ("observation", ids(rng, 3)),
              ("action", ids(rng, 1 + 2 * k))],
@@ -289,7 +248,7 @@ def test_echo_streams_from_played_kuhn_episodes(backend, tiny):
     build_algorithm({"type": "echo", "alpha": 0.25, "role_alpha": {"player_1": 0.5}}).score_group(episodes)
     batch = collate(trainable_samples(episodes), tok.pad_token_id)
 
-    rewards = {role: [t.reward for ep in episodes for t in ep.traces if t.agent == role] for role in alpha}
+    rewards = {role: [t.reward for ep in episodes for t in ep.traces if t.role == role] for role in alpha}
     rows = trained_rows(episodes)
     assert len(rows) == batch["completion_ids"].shape[0] > 0
     ce_tokens = 0
@@ -299,12 +258,12 @@ def test_echo_streams_from_played_kuhn_episodes(backend, tiny):
         c = len(kinds)
         assert batch["completion_ids"][i, :c].tolist() == trace.token_ids[p:]
         assert batch["completion_mask"][i].tolist() == [1] * c + [0] * (batch["completion_mask"].shape[1] - c)
-        advantage = trace.reward - sum(rewards[trace.agent]) / len(rewards[trace.agent])
+        advantage = trace.reward - sum(rewards[trace.role]) / len(rewards[trace.role])
         acted = False
         for j, kind in enumerate(kinds):
             acted = acted or kind == "action"
             assert batch["action_mask"][i, j].item() == float(kind == "action")
-            want_ce = alpha[trace.agent] if (acted and kind == "observation") else 0.0
+            want_ce = alpha[trace.role] if (acted and kind == "observation") else 0.0
             assert batch["ce_weights"][i, j].item() == pytest.approx(want_ce)
             want_rl = advantage if kind == "action" else 0.0
             assert batch["advantages"][i, j].item() == pytest.approx(want_rl, abs=1e-6)
@@ -316,7 +275,7 @@ def test_echo_streams_from_played_kuhn_episodes(backend, tiny):
     assert ce_tokens > 0 and batch["rl_mask"].sum() > 0  # the random model's invalid replies were re-prompted
 
 
-def _echo_episodes(extra_tail: int):
+def _echo_episodes(make_trace, make_episode, extra_tail: int):
     """ECHO traces ending in an observation after the last action; ``extra_tail`` lengthens only that tail."""
     rng = random.Random(2)
     episodes = []
@@ -325,12 +284,13 @@ def _echo_episodes(extra_tail: int):
                     ("action", ids(rng, 2)), ("observation", ids(rng, 2 + k))]
         tail = random.Random(100 + k)
         segments[-1] = ("observation", segments[-1][1] + ids(tail, extra_tail))
-        episodes.append(make_episode(f"e{k}", "g0", "single", 0, [make_trace("agent", segments, reward)]))
+        episodes.append(make_episode(f"e{k}", "g0", "single", [make_trace("agent", segments, reward)]))
     return episodes
 
 
-def test_echo_observations_do_not_dilute_rl_gradient(tmp_path, tiny):
+def test_echo_observations_do_not_dilute_rl_gradient(tmp_path, tiny, make_trace, make_episode, fixed_trainer, loss_and_grads, grad_checks):
     """Doubling the observation tokens leaves the rl loss and gradient unchanged (ce has its own normaliser)."""
+    max_grad, max_grad_diff = grad_checks
     experiment = {"algo": {"type": "echo", "alpha": 0.5},
                   "env": [{"id": "single", "instance": single_env(), "group_size": 3}]}
     current = {}
@@ -339,7 +299,7 @@ def test_echo_observations_do_not_dilute_rl_gradient(tmp_path, tiny):
     model = tiny[0]
     results = {}
     for name, extra in (("base", 0), ("doubled", 8)):
-        current["episodes"] = _echo_episodes(extra)
+        current["episodes"] = _echo_episodes(make_trace, make_episode, extra)
         batch = trainer._generate_and_score_completions(None)
         n_obs = sum(kind == "observation" for ep in current["episodes"] for kind in ep.traces[0].token_kinds)
         assert batch["num_ce_tokens"].item() == n_obs  # every observation comes after the first action
@@ -369,22 +329,23 @@ def _save(model, tok, path) -> str:
     return str(path)
 
 
-def _opd_trainer(tmp_path, tiny, teacher_path, **kw):
+def _opd_trainer(tmp_path, tiny, mixed_args, teacher_path, **kw):
     model, tok = tiny
     experiment = {"algo": {"type": "opd", "teacher": teacher_path},
                   "env": [{"id": "single", "instance": single_env(), "group_size": kw.pop("group_size", 4)}]}
-    return MixedAlgorithmTrainer(experiment, args=mixed_args(tmp_path, **kw), model=copy.deepcopy(model),
+    return MixedAlgorithmTrainer(experiment, args=mixed_args(tmp_path / "run", **kw), model=copy.deepcopy(model),
                                  processing_class=tok)
 
 
-def test_opd_teacher_equal_to_student_gives_zero_gradient(tmp_path, tiny):
+def test_opd_teacher_equal_to_student_gives_zero_gradient(tmp_path, tiny, mixed_args, loss_and_grads, grad_checks):
+    max_grad, max_grad_diff = grad_checks
     model, tok = tiny
     same = _save(model, tok, tmp_path / "same")
     other_model = build_tiny_model(len(tok), seed=1)
     other = _save(other_model, tok, tmp_path / "other")
     grads = {}
     for name, path in (("same", same), ("other", other)):
-        trainer = _opd_trainer(tmp_path / name, tiny, path, groups_per_step=2, max_completion_length=4)
+        trainer = _opd_trainer(tmp_path / name, tiny, mixed_args, path, groups_per_step=2, max_completion_length=4)
         torch.manual_seed(0)
         batch = trainer._generate_and_score_completions(None)  # played with the policy, scored by the teacher
         assert set(batch["algorithm"]) == {"opd"}
@@ -426,15 +387,15 @@ def _reverse_kl(policy, teacher, backend, prompts, seed):
     return sampled.mean().item(), exact.mean().item()
 
 
-def test_opd_training_lowers_reverse_kl_to_a_different_teacher(tmp_path, tiny):
+def test_opd_training_lowers_reverse_kl_to_a_different_teacher(tmp_path, tiny, mixed_args):
     _, tok = tiny
     teacher = build_tiny_model(len(tok), seed=1)
     with torch.no_grad():  # a sharper teacher than the near-uniform random student, so there is a gap to close
         teacher.model.norm.weight.mul_(3.0)
     path = _save(teacher, tok, tmp_path / "teacher")
-    trainer = _opd_trainer(tmp_path, tiny, path, group_size=8, groups_per_step=8, max_steps=15, learning_rate=2e-3,
+    trainer = _opd_trainer(tmp_path, tiny, mixed_args, path, group_size=8, groups_per_step=8, max_steps=15, learning_rate=2e-3,
                            lr_scheduler_type="constant", max_completion_length=4)
-    teacher = trainer._load_teacher(path)  # the cached frozen copy the trainer scores with
+    teacher = build_backend(path, device=trainer.accelerator.device).model  # the cached copy the trainer scores with
     policy = trainer.model
     held_out = [tok.apply_chat_template([{"role": "user", "content": f"Say {w}."}], tokenize=True,
                                         add_generation_prompt=True) for w in ("yes", "no", "hello", "goodbye")]
@@ -443,7 +404,7 @@ def test_opd_training_lowers_reverse_kl_to_a_different_teacher(tmp_path, tiny):
     def measure():
         policy.eval()
         # 8 x 512 samples: the sampled-token estimate's spread is ~0.005 here, the exact one's ~0.0002
-        runs = [_reverse_kl(policy, teacher, trainer.policy_backend, held_out, seed) for seed in range(11, 19)]
+        runs = [_reverse_kl(policy, teacher, trainer.rollout.policy, held_out, seed) for seed in range(11, 19)]
         return sum(r[0] for r in runs) / len(runs), sum(r[1] for r in runs) / len(runs)
 
     torch.manual_seed(0)
@@ -462,7 +423,7 @@ def test_opd_training_lowers_reverse_kl_to_a_different_teacher(tmp_path, tiny):
 # -- 5. three algorithms, two environments ---------------------------------------------------------
 
 
-def test_three_algorithms_two_environments_train(tmp_path, tiny):
+def test_three_algorithms_two_environments_train(tmp_path, tiny, mixed_args):
     def varied(task, trace):
         return float(sum(t for s in trace.segments if s.kind == "action" for t in s.token_ids) % 5)
 
@@ -481,7 +442,7 @@ def test_three_algorithms_two_environments_train(tmp_path, tiny):
     model, tok = tiny
     policy = copy.deepcopy(model)
     before = {n: p.detach().clone() for n, p in policy.named_parameters()}
-    trainer = MixedAlgorithmTrainer(experiment, args=mixed_args(tmp_path, max_steps=3, groups_per_step=3,
+    trainer = MixedAlgorithmTrainer(experiment, args=mixed_args(tmp_path / "run", max_steps=3, groups_per_step=3,
                                                                 learning_rate=1e-3, max_completion_length=4),
                                     model=policy, processing_class=tok)
     trainer.train()
@@ -535,7 +496,7 @@ def test_config_errors_name_the_key_and_the_fix(config, words):
         assert word in _error(exc_info), (word, _error(exc_info))
 
 
-def test_trainer_build_errors(tmp_path, tiny):
+def test_trainer_build_errors(tmp_path, tiny, mixed_args):
     model, tok = tiny
     scripted = {"model": "scripted", "policy": random_policy(), "trainable": True}
     cases = [
@@ -548,13 +509,13 @@ def test_trainer_build_errors(tmp_path, tiny):
     ]
     for config, words in cases:
         with pytest.raises(ValueError) as exc_info:
-            MixedAlgorithmTrainer(config, args=mixed_args(tmp_path), model=copy.deepcopy(model), processing_class=tok)
+            MixedAlgorithmTrainer(config, args=mixed_args(tmp_path / "run"), model=copy.deepcopy(model), processing_class=tok)
         for word in words:
             assert word in _error(exc_info), (word, _error(exc_info))
     with pytest.raises(ValueError, match="opd"):
-        mixed_args(tmp_path, beta=0.1)
+        mixed_args(tmp_path / "run", beta=0.1)
     with pytest.raises(ValueError, match="processing_class"):
-        MixedAlgorithmTrainer({"env": [{"id": "kuhn_poker"}]}, args=mixed_args(tmp_path), model=copy.deepcopy(model))
+        MixedAlgorithmTrainer({"env": [{"id": "kuhn_poker"}]}, args=mixed_args(tmp_path / "run"), model=copy.deepcopy(model))
 
 
 def test_toml_config_builds_a_trainer(tmp_path):
@@ -597,9 +558,9 @@ learning_rate = 1e-3
     assert exp.algorithm_for(exp.env[1], "player_0").alpha == 0.2
     trainer = MixedAlgorithmTrainer(exp)
     assert trainer.args.max_steps == 1 and trainer.args.learning_rate == 1e-3 and trainer.args.output_dir == str(out)
-    assert trainer.env_labels == ["kuhn_poker", "kuhn_echo"]
-    assert sorted(a.name for a in trainer.algorithms.values()) == ["echo", "rae"]
-    assert trainer.trainable[0] == {"player_0": True, "player_1": False}
+    assert [slot.label for slot in trainer.rollout.slots] == ["kuhn_poker", "kuhn_echo"]
+    assert sorted(a.name for a in trainer.rollout.algorithms.values()) == ["echo", "rae"]
+    assert trainer.rollout.slots[0].trainable == {"player_0": True, "player_1": False}
 
     bad = tmp_path / "bad.toml"
     bad.write_text('[[env]]\nid = "kuhn_poker"\ngroup_sise = 4\n')
@@ -610,20 +571,20 @@ learning_rate = 1e-3
 # -- 7. RAE state in checkpoints ---------------------------------------------------------------------
 
 
-def test_rae_baselines_are_saved_and_restored(tmp_path, tiny):
+def test_rae_baselines_are_saved_and_restored(tmp_path, tiny, mixed_args):
     model, tok = tiny
     experiment = {"algo": {"type": "rae"}, "env": [{"id": "kuhn_poker", "group_size": 2, "roles": {
         "player_1": {"model": "scripted", "policy": random_policy(), "trainable": False}}}]}
     out = tmp_path / "ckpt"
 
     def make(max_steps):
-        args = mixed_args(tmp_path, output_dir=str(out), max_steps=max_steps, save_strategy="steps", save_steps=2,
+        args = mixed_args(out, max_steps=max_steps, save_strategy="steps", save_steps=2,
                           groups_per_step=2, max_completion_length=4)
         return MixedAlgorithmTrainer(experiment, args=args, model=copy.deepcopy(model), processing_class=tok)
 
     first = make(2)
     first.train()
-    saved = first.algorithm_state()
+    saved = first.rollout.algorithm_state()
     key = '{"type":"rae","decay":0.95}'
     baselines = saved[key]["baselines"]
     assert set(baselines) == {"kuhn_poker/player_0"} and baselines["kuhn_poker/player_0"] != 0
@@ -632,15 +593,15 @@ def test_rae_baselines_are_saved_and_restored(tmp_path, tiny):
 
     # Resuming restores the baseline and trains on from it (a fresh one would start at 0).
     more = make(3)
-    assert more.algorithm_state()[key] == {"baselines": {}}
+    assert more.rollout.algorithm_state()[key] == {"baselines": {}}
     more.train(resume_from_checkpoint=str(checkpoint))
-    assert more.state.global_step == 3 and more.episodes_played == 12  # restored 8, then one more round of 2 x 2
+    assert more.state.global_step == 3 and more.rollout.episodes_played == 12  # restored 8, then one more round of 2 x 2
     b = baselines["kuhn_poker/player_0"]
-    for ep in more.last_episodes:
+    for ep in more.rollout.last_episodes:
         for t in ep.traces:
-            if t.agent == "player_0" and ep.ok:
+            if t.role == "player_0" and ep.ok:
                 b = 0.95 * b + 0.05 * t.reward
-    assert more.algorithm_state()[key]["baselines"]["kuhn_poker/player_0"] == pytest.approx(b)
+    assert more.rollout.algorithm_state()[key]["baselines"]["kuhn_poker/player_0"] == pytest.approx(b)
 
 
 # -- 8. two processes ------------------------------------------------------------------------------
@@ -654,15 +615,17 @@ def _free_port() -> int:
 
 def test_two_processes_match_one_process(tmp_path):
     """torchrun (gloo, 2 CPU processes) vs 1 process on the same fixed rollout: token counts, RAE, loss, streams."""
-    import _two_process_check
-
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+    script = str(HERE / "_two_process_check.py")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(_free_port()), str(HERE / "_two_process_check.py"), str(tmp_path / "two")]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    one = _two_process_check.run(str(tmp_path / "one"))  # meanwhile, in this process
-    output, _ = proc.communicate(timeout=180)
-    assert proc.returncode == 0, output[-4000:]
+           "--master_port", str(_free_port()), script, str(tmp_path / "two")]
+    two_procs = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    one_proc = subprocess.run([sys.executable, script, str(tmp_path / "one")], env=env, capture_output=True, text=True,
+                              timeout=300)
+    assert one_proc.returncode == 0, one_proc.stdout[-3000:] + one_proc.stderr[-3000:]
+    output, _ = two_procs.communicate(timeout=300)
+    assert two_procs.returncode == 0, output[-4000:]
+    one = json.loads((tmp_path / "one" / "rank0.json").read_text())
     two = [json.loads((tmp_path / "two" / f"rank{r}.json").read_text()) for r in (0, 1)]
 
     assert one["world"] == 1 and [t["world"] for t in two] == [2, 2]
@@ -691,11 +654,12 @@ def test_two_processes_match_one_process(tmp_path):
             assert t["logs"][0][k] == pytest.approx(v, rel=1e-5, abs=1e-6), k
 
 
-def test_entropy_bonus_subtracts_mean_entropy_of_rl_tokens(tmp_path, tiny):
+def test_entropy_bonus_subtracts_mean_entropy_of_rl_tokens(tmp_path, tiny, make_trace, make_episode, fixed_trainer,
+                                                          mixed_args, loss_and_grads):
     """entropy_coef c: loss = loss(c=0) − c · Σ H(rl tokens) / N_rl, with H the model's own per-token entropy."""
     experiment = {"algo": {"type": "grpo"}, "env": [{"id": "single", "instance": single_env(), "group_size": 4}]}
-    plain = fixed_trainer(tmp_path / "a", tiny, experiment, _grpo_episodes())
-    bonus = fixed_trainer(tmp_path / "b", tiny, experiment, _grpo_episodes(), entropy_coef=0.25)
+    plain = fixed_trainer(tmp_path / "a", tiny, experiment, _grpo_episodes(make_trace, make_episode))
+    bonus = fixed_trainer(tmp_path / "b", tiny, experiment, _grpo_episodes(make_trace, make_episode), entropy_coef=0.25)
     batch = plain._generate_and_score_completions(None)
     loss0, _ = loss_and_grads(plain, batch)
     loss1, _ = loss_and_grads(bonus, batch)
@@ -708,4 +672,4 @@ def test_entropy_bonus_subtracts_mean_entropy_of_rl_tokens(tmp_path, tiny):
     expected = 0.25 * (entropy * batch["rl_mask"]).sum() / batch["num_rl_tokens"]
     assert abs((loss0 - loss1).item() - expected.item()) < 1e-5
     with pytest.raises(ValueError, match="use_adaptive_entropy"):
-        mixed_args(tmp_path, use_adaptive_entropy=True)
+        mixed_args(tmp_path / "run", use_adaptive_entropy=True)

@@ -4,7 +4,7 @@ An algorithm turns finished episodes into per-token training signal. It writes a
 :class:`~multiagent_rl.trace.TokenStreams` onto each trace it trains (aligned with
 ``trace.token_ids``) and touches nothing else. It only ever trains a trace that is
 ``trainable``, has no ``error``, belongs to an episode with ``ok`` True, and whose role
-(``trace.agent``) is in the ``roles`` it was handed (``None`` = every role).
+(``trace.role``) is in the ``roles`` it was handed (``None`` = every role).
 
 The trainer calls, per training step::
 
@@ -40,14 +40,16 @@ class AlgorithmConfig(pydantic.BaseModel):
 
 @dataclass
 class AlgorithmContext:
-    """What the trainer hands to :meth:`Algorithm.setup`."""
+    """What the rollout engine hands to :meth:`Algorithm.setup`."""
 
+    policy_backend: Any = None
+    """The live policy as a generation backend (``generate``, ``score``), or None where no model is involved."""
     policy_model: Any = None
-    """The live policy (a torch module), or None where no model is involved."""
+    """The live policy as a torch module (to take a frozen copy of it), or None."""
     tokenizer: Any = None
     """The policy's tokenizer, or None."""
-    load_model: Callable[[str], Any] | None = None
-    """Model id/path -> frozen eval-mode model; the caller caches it (a teacher used twice is loaded once)."""
+    load_backend: Callable[[str], Any] | None = None
+    """Model reference -> backend (``build_backend``); cached, so a teacher named twice is loaded once."""
 
 
 class Algorithm:
@@ -76,15 +78,25 @@ class Algorithm:
     def streams_required(cls) -> tuple[str, ...]:
         return cls.loss_types if cls.required_streams is None else cls.required_streams
 
+    def stream_problem(self, trace: Trace) -> str | None:
+        """Why the streams written on ``trace`` break this algorithm's declared ``loss_types``, or None."""
+        if trace.streams is None:
+            return None
+        extra = trace.streams.written() - set(self.loss_types)
+        if extra:
+            return (f"{type(self).__name__} wrote the {', '.join(sorted(extra))} stream on role {trace.role!r} "
+                    f"but declares loss_types = {self.loss_types!r}; declare every stream it writes")
+        return None
+
     def reward_problem(self, trace: Trace) -> str | None:
         """Why ``trace``'s rewards cannot be used by this algorithm, or None."""
         if self.uses_reward and not trace.rewards:
-            return (f"role {trace.agent!r} recorded no reward, but {self.name} computes credit from rewards; call "
+            return (f"role {trace.role!r} recorded no reward, but {self.name} computes credit from rewards; call "
                     "trace.add_reward(name, value) in the env's run() or finalize()")
         if self.reward_range is not None:
             low, high = self.reward_range
             if not low <= trace.reward <= high:
-                return (f"role {trace.agent!r}: {self.name} needs rewards in [{low:g}, {high:g}], got "
+                return (f"role {trace.role!r}: {self.name} needs rewards in [{low:g}, {high:g}], got "
                         f"{trace.reward:g}; map the env's rewards into that range (a success indicator or an "
                         "affine rescaling) or choose grpo / rae, which take any finite reward")
         return None
@@ -140,11 +152,31 @@ def register(cls: type[Algorithm]) -> type[Algorithm]:
     return cls
 
 
+STREAM_NAMES = ("rl", "ce", "ref_kl")
+"""The loss streams an algorithm may write (the rows of :data:`multiagent_rl.loss.STREAMS`)."""
+
+
+def _import_algorithm(path: str) -> type[Algorithm]:
+    """Import ``"package.module:MyAlgorithm"`` and register it under its config's ``type``."""
+    import importlib
+
+    module, _, name = path.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"cannot import algorithm {path!r}: {exc}") from None
+    if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
+        raise ValueError(f"{path!r} is not an Algorithm subclass")
+    return register(cls)
+
+
 def parse_algorithm_config(d: dict[str, Any] | AlgorithmConfig) -> AlgorithmConfig:
     """Validate an algorithm config given as a dict (``{"type": "grpo", ...}``) or a config object.
 
-    Raises ValueError for a missing or unknown ``type`` (naming the known ones) and
-    pydantic.ValidationError for unknown or ill-typed keys (naming the key).
+    ``type`` is a registered name or an import path ``"package.module:MyAlgorithm"`` (then the class
+    is imported and registered, and the config carries its registered name). Raises ValueError for a
+    missing or unknown ``type`` (naming the known ones) and pydantic.ValidationError for unknown or
+    ill-typed keys (naming the key).
     """
     if isinstance(d, AlgorithmConfig):
         if d.type not in ALGORITHMS:
@@ -155,15 +187,27 @@ def parse_algorithm_config(d: dict[str, Any] | AlgorithmConfig) -> AlgorithmConf
     kind = d.get("type")
     if kind is None:
         raise ValueError(f"Algorithm config {d!r} has no 'type'; known types: {', '.join(sorted(ALGORITHMS))}")
+    if isinstance(kind, str) and ":" in kind:
+        cls = _import_algorithm(kind)
+        d = {**d, "type": cls.config_class.model_fields["type"].default}
+        kind = d["type"]
     if kind not in ALGORITHMS:
-        raise ValueError(f"Unknown algorithm type {kind!r}; known types: {', '.join(sorted(ALGORITHMS))}")
+        raise ValueError(f"Unknown algorithm type {kind!r}; known types: {', '.join(sorted(ALGORITHMS))}, or an "
+                         "import path 'package.module:MyAlgorithm'")
     return ALGORITHMS[kind].config_class.model_validate(d)
 
 
 def build_algorithm(d: dict[str, Any] | AlgorithmConfig) -> Algorithm:
-    """Parse ``d`` and instantiate the matching algorithm."""
+    """Parse ``d`` and instantiate the matching algorithm, checking the loss streams it declares."""
     config = parse_algorithm_config(d)
-    return ALGORITHMS[config.type](config)
+    cls = ALGORITHMS[config.type]
+    declared = set(cls.loss_types)
+    if not declared or not declared <= set(STREAM_NAMES) or not set(cls.streams_required()) <= declared:
+        raise TypeError(
+            f"{cls.__name__}.loss_types = {cls.loss_types!r} must name one or more of {STREAM_NAMES} "
+            f"(and required_streams a subset of them)"
+        )
+    return cls(config)
 
 
 # -- helpers for algorithm files -------------------------------------------------------------
@@ -175,7 +219,7 @@ def is_trained(episode: Episode, trace: Trace, roles: set[str] | None) -> bool:
         episode.ok
         and trace.trainable
         and trace.error is None
-        and (roles is None or trace.agent in roles)
+        and (roles is None or trace.role in roles)
     )
 
 
@@ -192,7 +236,7 @@ PeerKey = Callable[[int, Episode, Trace], Hashable]
 
 def by_role(index: int, episode: Episode, trace: Trace) -> Hashable:
     """Peer key: the trace's role across the whole task group (roles are never pooled)."""
-    return trace.agent
+    return trace.role
 
 
 def peer_groups(episodes: list[Episode], roles: set[str] | None, key: PeerKey = by_role) -> dict[Hashable, list[Trace]]:

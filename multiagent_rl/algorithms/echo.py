@@ -46,9 +46,9 @@ class Echo(GRPO):
     config: EchoConfig
 
     def write(self, trace: Trace, advantage: float) -> None:
-        alpha = self.config.role_alpha.get(trace.agent, self.config.alpha)
+        alpha = self.config.role_alpha.get(trace.role, self.config.alpha)
         trace.streams = TokenStreams(
             algorithm=self.name,
-            rl=on_kind(trace, "action", advantage),
-            ce=observation_weights(trace, alpha),
+            advantages=on_kind(trace, "action", advantage),
+            ce_weights=observation_weights(trace, alpha),
         )

@@ -5,7 +5,7 @@ For a trained trace with reward r::
     A = r − mean(peers)                       (scale_rewards=False, the default)
     A = (r − mean(peers)) / (std(peers) + 1e-4)   (scale_rewards=True)
 
-Peers are the trained traces of the **same role** (``trace.agent``) across the episodes of the
+Peers are the trained traces of the **same role** (``trace.role``) across the episodes of the
 task group, the trace itself included; roles are never pooled, so in a proposer/solver or
 player_0/player_1 game each seat gets its own baseline and its advantages sum to zero. A role
 that runs several times per episode has all of those runs as peers. ``std`` is the unbiased
@@ -74,7 +74,7 @@ class GRPO(Algorithm):
         return relative_advantages(episodes, roles, self.config.scale_rewards)
 
     def write(self, trace: Trace, advantage: float) -> None:
-        trace.streams = TokenStreams(algorithm=self.name, rl=on_kind(trace, "action", advantage))
+        trace.streams = TokenStreams(algorithm=self.name, advantages=on_kind(trace, "action", advantage))
 
     def score_group(self, episodes: list[Episode], roles: set[str] | None = None) -> None:
         for trace, advantage in self.advantages(episodes, roles):

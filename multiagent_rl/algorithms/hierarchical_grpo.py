@@ -39,9 +39,9 @@ class HierarchicalGRPO(GRPO):
     config: HierarchicalGRPOConfig
 
     def peer_key(self, index: int, episode: Episode, trace: Trace) -> Hashable:
-        if trace.agent in self.config.episode_group_roles:
-            return (trace.agent, "episode", index)
-        return (trace.agent, "group")
+        if trace.role in self.config.episode_group_roles:
+            return (trace.role, "episode", index)
+        return (trace.role, "group")
 
     def advantages(self, episodes: list[Episode], roles: set[str] | None) -> list[tuple[Trace, float]]:
         return relative_advantages(episodes, roles, self.config.scale_rewards, key=self.peer_key)

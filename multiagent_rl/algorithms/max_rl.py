@@ -40,4 +40,4 @@ class MaxRL(Algorithm):
             p_bar = sum(t.reward for t in members) / len(members)
             for trace in members:
                 advantage = 0.0 if p_bar == 0 else (trace.reward - p_bar) / p_bar
-                trace.streams = TokenStreams(algorithm=self.name, rl=on_kind(trace, "action", advantage))
+                trace.streams = TokenStreams(algorithm=self.name, advantages=on_kind(trace, "action", advantage))

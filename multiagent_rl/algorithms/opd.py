@@ -6,9 +6,12 @@ The policy samples; a frozen teacher scores the same tokens. On each action toke
     ref_kl_t       = 1
 
 and the loss pushes log π_θ(y_t) toward log π_T(y_t) with the per-token signal
-log π_T(y_t) − log π_θ(y_t) (sampled-token reverse KL). Teacher and policy must share a
-tokenizer. One config names one teacher; per-env or per-role teachers come from several
-``opd`` configs (the trainer builds one instance per distinct config).
+log π_T(y_t) − log π_θ(y_t) (sampled-token reverse KL). The teacher reads each token at the
+temperature the policy sampled it at, and with the same restricted softmax when a harness
+constrained it to choices, exactly as the loss reads the student. Teacher and policy must share a
+tokenizer. The teacher is a generation backend (``build_backend(teacher)``: a local or Hub model,
+loaded once however many configs name it); one config names one teacher, and per-env or per-role
+teachers come from several ``opd`` configs (one instance per distinct config).
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from ..episode import Episode
-from ..scoring import token_logprobs, vocab_size
 from ..trace import TokenStreams, Trace
 from .base import Algorithm, AlgorithmConfig, AlgorithmContext, is_trained, register
 
@@ -25,9 +27,7 @@ class OPDConfig(AlgorithmConfig):
     type: Literal["opd"] = "opd"
     """On-policy distillation: reverse KL toward a teacher's logprobs on the policy's own samples."""
     teacher: str
-    """Teacher model id or local path (must use the policy's tokenizer)."""
-    batch_size: int = 16
-    """Traces per teacher forward pass."""
+    """The teacher: ``"tiny"``, a Hub id or a local path (it must use the policy's tokenizer)."""
 
 
 def teacher_streams(name: str, trace: Trace, logprobs: list[float | None], offset: int = 0) -> TokenStreams:
@@ -42,20 +42,7 @@ def teacher_streams(name: str, trace: Trace, logprobs: list[float | None], offse
         lp = logprobs[offset + j] if kind == "action" else None
         ref.append(lp)
         weight.append(1.0 if lp is not None else 0.0)
-    return TokenStreams(algorithm=name, ref_kl=weight, ref_logprobs=ref)
-
-
-def check_vocab(model: Any, sequences: list[list[int]], who: str) -> None:
-    """Raise a clear error when a token id is outside ``model``'s vocabulary."""
-    size = vocab_size(model)
-    if size is None:
-        return
-    top = max((max(s) for s in sequences if s), default=-1)
-    if top >= size:
-        raise ValueError(
-            f"{who} has a vocabulary of {size} tokens but the traces contain token id {top}: "
-            "the teacher must share the policy's tokenizer"
-        )
+    return TokenStreams(algorithm=name, ref_kl_weights=weight, ref_logprobs=ref)
 
 
 @register
@@ -70,20 +57,10 @@ class OPD(Algorithm):
         self.teacher: Any = None
 
     async def setup(self, ctx: AlgorithmContext) -> None:
-        if ctx.load_model is None:
-            raise ValueError(f"opd needs AlgorithmContext.load_model to load its teacher {self.config.teacher!r}")
-        self.teacher = ctx.load_model(self.config.teacher)
-        size = vocab_size(self.teacher)
-        if ctx.tokenizer is not None and size is not None:
-            try:
-                n = len(ctx.tokenizer)
-            except TypeError:
-                n = None
-            if n is not None and n > size:
-                raise ValueError(
-                    f"opd teacher {self.config.teacher!r} has a vocabulary of {size} tokens, smaller than the "
-                    f"policy tokenizer's {n}: the teacher must share the policy's tokenizer"
-                )
+        if ctx.load_backend is None:
+            raise ValueError(f"opd needs AlgorithmContext.load_backend to load its teacher {self.config.teacher!r}")
+        self.teacher = ctx.load_backend(self.config.teacher)
+        check_same_vocabulary(ctx.tokenizer, self.teacher.tokenizer, f"opd teacher {self.config.teacher!r}")
 
     async def score_episode(self, episode: Episode, roles: set[str] | None = None) -> None:
         traces = [t for t in episode.traces if is_trained(episode, t, roles)]
@@ -91,11 +68,19 @@ class OPD(Algorithm):
             return
         if self.teacher is None:
             raise RuntimeError("opd.score_episode called before setup()")
-        sequences = [t.token_ids for t in traces]
-        check_vocab(self.teacher, sequences, f"opd teacher {self.config.teacher!r}")
-        allowed = [t.allowed_token_ids for t in traces]
-        temperatures = [t.token_temperatures for t in traces]  # the teacher is read as the student is trained
-        scores = token_logprobs(self.teacher, sequences, batch_size=self.config.batch_size, allowed=allowed,
-                                temperatures=temperatures)
+        # the teacher reads each token as the student is trained: same allowed ids, same temperature
+        scores = await self.teacher.score([t.token_ids for t in traces], allowed=[t.allowed_token_ids for t in traces],
+                                          temperatures=[t.token_temperatures for t in traces])
         for trace, logprobs in zip(traces, scores):
             trace.streams = teacher_streams(self.name, trace, logprobs)
+
+
+def check_same_vocabulary(policy_tokenizer: Any, teacher_tokenizer: Any, who: str) -> None:
+    """Refuse a teacher whose tokenizer differs from the policy's (its logprobs would be of other tokens)."""
+    if policy_tokenizer is None or teacher_tokenizer is None:
+        return
+    if policy_tokenizer.get_vocab() != teacher_tokenizer.get_vocab():
+        raise ValueError(
+            f"{who} has a different tokenizer than the policy ({len(teacher_tokenizer)} vs {len(policy_tokenizer)} "
+            "tokens): a teacher must share the policy's tokenizer"
+        )

@@ -18,11 +18,11 @@ import copy
 from collections.abc import Mapping
 from typing import Any, Literal
 
+from ..backends import TransformersBackend
 from ..episode import Episode
-from ..scoring import token_logprobs
 from ..task import Task
 from .base import Algorithm, AlgorithmConfig, AlgorithmContext, is_trained, register
-from .opd import check_vocab, teacher_streams
+from .opd import teacher_streams
 
 
 class OPSDConfig(AlgorithmConfig):
@@ -34,8 +34,6 @@ class OPSDConfig(AlgorithmConfig):
     """Key of ``task.data.info`` holding the demonstration (falls back to ``task.data.answer``)."""
     template: str = "Here is a reference solution to learn from:\n{demonstration}"
     """System-message text of the hint; ``{demonstration}`` is replaced by the demonstration."""
-    batch_size: int = 16
-    """Traces per teacher forward pass."""
 
 
 @register
@@ -53,17 +51,14 @@ class OPSD(Algorithm):
         """Traces that got no streams because their task has no demonstration."""
 
     async def setup(self, ctx: AlgorithmContext) -> None:
-        if ctx.policy_model is None or ctx.tokenizer is None:
-            raise ValueError("opsd needs the policy model and its tokenizer in the AlgorithmContext")
+        if ctx.policy_backend is None or ctx.policy_model is None or ctx.tokenizer is None:
+            raise ValueError("opsd needs the policy (backend and model) and its tokenizer in the AlgorithmContext")
         self.tokenizer = ctx.tokenizer
         if self.config.teacher == "live":
-            self.teacher = ctx.policy_model
+            self.teacher = ctx.policy_backend
         else:
-            teacher = copy.deepcopy(ctx.policy_model)
-            teacher.eval()
-            for p in teacher.parameters():
-                p.requires_grad_(False)
-            self.teacher = teacher
+            frozen = copy.deepcopy(ctx.policy_model).eval().requires_grad_(False)
+            self.teacher = TransformersBackend(frozen, ctx.tokenizer, model_id="policy (frozen at setup)")
 
     def demonstration(self, task: Task) -> str | None:
         demo = task.data.info.get(self.config.demonstration_key)
@@ -93,11 +88,9 @@ class OPSD(Algorithm):
         if self.teacher is None:
             raise RuntimeError("opsd.score_episode called before setup()")
         hint = self.hint_ids(demo)
-        sequences = [hint + t.token_ids for t in traces]
-        check_vocab(self.teacher, sequences, "opsd teacher (the policy)")
-        allowed = [[None] * len(hint) + t.allowed_token_ids for t in traces]
-        temperatures = [[None] * len(hint) + t.token_temperatures for t in traces]  # as the student is trained
-        scores = token_logprobs(self.teacher, sequences, batch_size=self.config.batch_size, allowed=allowed,
-                                temperatures=temperatures)
+        # the teacher reads each token as the student is trained: same allowed ids, same temperature
+        scores = await self.teacher.score([hint + t.token_ids for t in traces],
+                                          allowed=[[None] * len(hint) + t.allowed_token_ids for t in traces],
+                                          temperatures=[[None] * len(hint) + t.token_temperatures for t in traces])
         for trace, logprobs in zip(traces, scores):
             trace.streams = teacher_streams(self.name, trace, logprobs, offset=len(hint))

@@ -43,10 +43,10 @@ class RAE(Algorithm):
     def score_group(self, episodes: list[Episode], roles: set[str] | None = None) -> None:
         d = self.config.decay
         for _, episode, trace in trained_traces(episodes, roles):
-            key = f"{episode.env}/{trace.agent}"
+            key = f"{episode.env}/{trace.role}"
             r = trace.reward
             b = self.baselines.get(key, 0.0)
-            trace.streams = TokenStreams(algorithm=self.name, rl=on_kind(trace, "action", r - b))
+            trace.streams = TokenStreams(algorithm=self.name, advantages=on_kind(trace, "action", r - b))
             self.baselines[key] = d * b + (1 - d) * r
 
     def state_dict(self) -> dict[str, Any]:

@@ -28,4 +28,4 @@ class SFT(Algorithm):
 
     def score_group(self, episodes: list[Episode], roles: set[str] | None = None) -> None:
         for _, _, trace in trained_traces(episodes, roles):
-            trace.streams = TokenStreams(algorithm=self.name, ce=on_kind(trace, "action", 1.0))
+            trace.streams = TokenStreams(algorithm=self.name, ce_weights=on_kind(trace, "action", 1.0))

@@ -51,12 +51,34 @@ class Generation:
 
 
 class GenerationBackend(Protocol):
-    """What an agent needs from a model server."""
+    """What agents, teachers and the trainer need from a model, wherever it runs.
+
+    Build one from a model reference with :func:`multiagent_rl.backends.build_backend`.
+    """
 
     model_id: str
+    """How traces name the model (``"policy"`` for the live policy)."""
     tokenizer: object
+    """The tokenizer whose ids ``generate`` and ``score`` take and return."""
+    supports_choices: bool
+    """Whether ``SamplingParams.allowed_token_ids`` is honoured (the legal-action harness needs it)."""
+    max_context: int | None
+    """Most positions a request may use (prompt + reply); None when unknown."""
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation: ...
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        """Sample a reply to ``prompt_ids``: its token ids and their logprobs at ``params.temperature``."""
+
+    async def score(
+        self,
+        sequences: list[list[int]],
+        allowed: list[list[list[int] | None]] | None = None,
+        temperatures: list[list[float | None]] | None = None,
+    ) -> list[list[float | None]]:
+        """Log-probability of every token of every sequence given its prefix (element 0 is None), each
+        token read with the softmax over its allowed ids if given and at its temperature (teachers)."""
+
+    def sync_weights(self, model) -> None:
+        """Policy backends: take the trainer's current weights (called after every optimizer step)."""
 
 
 def check_context(prompt_tokens: int, max_new_tokens: int, limit: int | None, model_id: str) -> None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..scoring import eval_mode, model_device, token_logprobs
 from .base import Generation, SamplingParams, check_context
 
 
@@ -28,9 +29,14 @@ class _Request:
 class TransformersBackend:
     """Serve a (live or frozen) transformers causal LM to many agents at once.
 
+    The trainer's policy backend wraps the very module being trained, so its weights are always
+    current (``sync_weights`` has nothing to copy); frozen seats and teachers get their own copy.
+
     >>> backend = TransformersBackend(model, tokenizer)  # doctest: +SKIP
     >>> gen = await backend.generate(prompt_ids, SamplingParams(max_new_tokens=8))  # doctest: +SKIP
     """
+
+    supports_choices = True
 
     def __init__(self, model, tokenizer, model_id: str = "policy", max_batch_size: int = 256, gather_ticks: int = 3):
         self.model = model
@@ -56,6 +62,13 @@ class TransformersBackend:
         if self._worker is None or self._worker.done():
             self._worker = asyncio.ensure_future(self._serve())
         return await future
+
+    async def score(self, sequences, allowed=None, temperatures=None) -> list[list[float | None]]:
+        return token_logprobs(self.model, sequences, batch_size=16, allowed=allowed, temperatures=temperatures)
+
+    def sync_weights(self, model) -> None:
+        if model is not self.model:
+            self.model.load_state_dict(model.state_dict())
 
     async def _serve(self) -> None:
         while self._pending:
@@ -88,7 +101,7 @@ class TransformersBackend:
     def generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         """One padded ``generate`` call for prompts sharing the same sampling params."""
         model = self.model
-        device = next(model.parameters()).device
+        device = model_device(model)
         width = max(len(p) for p in prompts)
         input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
@@ -116,20 +129,13 @@ class TransformersBackend:
             from transformers import LogitsProcessorList
 
             kwargs.update(logits_processor=LogitsProcessorList([_AllowOnly(params.allowed_token_ids)]))
-        was_training = model.training
-        model.eval()
         seed_ctx = contextlib.nullcontext()
         if params.seed is not None:
             seed_ctx = torch.random.fork_rng(devices=[device] if device.type == "cuda" else [])
-        try:
-            with seed_ctx:
-                if params.seed is not None:
-                    torch.manual_seed(params.seed)
-                out = model.generate(
-                    input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), **kwargs
-                )
-        finally:
-            model.train(was_training)
+        with eval_mode(model), seed_ctx:
+            if params.seed is not None:
+                torch.manual_seed(params.seed)
+            out = model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), **kwargs)
         self.num_generate_calls += 1
         self.num_requests += len(prompts)
         new_tokens = out.sequences[:, width:].cpu()
@@ -147,15 +153,11 @@ class TransformersBackend:
         """
         from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
 
-        model, was_training = self.model, self.model.training
-        model.eval()
-        try:
+        with eval_mode(self.model):
             position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-            logits = model(
+            logits = self.model(
                 input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=1
             ).logits[:, -1].float()
-        finally:
-            model.train(was_training)
         logits = _allow_only(logits, params.allowed_token_ids)
         self.num_generate_calls += 1
         self.num_requests += len(input_ids)

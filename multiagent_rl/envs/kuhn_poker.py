@@ -1,11 +1,8 @@
-"""Kuhn poker: the smallest poker game with a known equilibrium, for self-play.
+"""Kuhn poker as an environment: the smallest poker game with a known equilibrium, for self-play.
 
-Rules (standard Kuhn poker): a deck of three cards J < Q < K; each player antes 1 chip and gets one
-card. Player 0 acts first: ``check`` or ``bet`` (1 chip). After a check, player 1 may ``check``
-(showdown for the antes) or ``bet``; facing a bet, a player may ``fold`` (losing the ante) or
-``call`` (showdown for 2 chips each). The higher card wins the showdown.
-
-Each decision is one turn of the seat's own conversation: the prompt states its private card, the
+The rules live in :mod:`multiagent_rl.games.kuhn` (three cards J < Q < K, ante 1, player 0 acts
+first, check / bet, then fold / call facing a bet; the higher card wins the showdown). Each
+decision is one turn of the seat's own conversation: the prompt states its private card, the
 betting so far and its legal actions, and the reply's first word is the action. An invalid reply
 gets one re-prompt; a second invalid reply forfeits the hand: the seat gets ``invalid_penalty``
 (default -2, worse than any fold, so the policy is never better off babbling than folding) and
@@ -17,40 +14,15 @@ chips mapped affinely onto [0, 1], (chips + 2) / 4, for algorithms that need rew
 from __future__ import annotations
 
 import contextlib
-import itertools
 import random
 from typing import Any
 
 from ..env import Env
+from ..games.kuhn import DEALS, INFO_STATES, legal_actions, payoff, sample_action, to_act
+from ..games.kuhn import nash_policy as nash_table
 from ..task import Task, TaskData
 
-CARDS = ("J", "Q", "K")
 ROLES = ("player_0", "player_1")
-DEALS = tuple(itertools.permutations(CARDS, 2))  # (card of player 0, card of player 1): 6 deals
-
-
-def legal_actions(history: tuple[str, ...]) -> tuple[str, str]:
-    return ("fold", "call") if history and history[-1] == "bet" else ("check", "bet")
-
-
-def to_act(history: tuple[str, ...]) -> int | None:
-    """Whose turn it is after ``history``, or None when the hand is over."""
-    if history in ((), ("check", "bet")):
-        return 0
-    if history in (("check",), ("bet",)):
-        return 1
-    return None
-
-
-def payoff(cards: tuple[str, str], history: tuple[str, ...]) -> tuple[int, int]:
-    """Chips won by each player at the end of a hand."""
-    if history[-1] == "fold":
-        folder = len(history) % 2 == 0  # fold is the 2nd or 3rd action: 2nd = player 1, 3rd = player 0
-        winner = 0 if folder else 1
-        return (1, -1) if winner == 0 else (-1, 1)
-    stake = 2 if "bet" in history else 1
-    winner = 0 if CARDS.index(cards[0]) > CARDS.index(cards[1]) else 1
-    return (stake, -stake) if winner == 0 else (-stake, stake)
 
 
 def decision_prompt(player: int, card: str, history: tuple[str, ...]) -> str:
@@ -70,15 +42,6 @@ def parse_action(reply: str, history: tuple[str, ...]) -> str | None:
     words = reply.strip().lower().split()
     word = words[0].strip(".,!?:;\"'`") if words else ""
     return word if word in legal_actions(history) else None
-
-
-def corpus_lines() -> list[str]:
-    lines = []
-    for player, card in itertools.product((0, 1), CARDS):
-        for history in ((), ("check",), ("bet",), ("check", "bet")):
-            if to_act(history) == player:
-                lines += [decision_prompt(player, card, history), invalid_prompt(history)]
-    return lines + ["check", "bet", "fold", "call"]
 
 
 class KuhnPokerEnv(Env):
@@ -162,14 +125,11 @@ def random_policy():
 
 
 def table_policy(table: dict[Any, dict[str, float]]):
-    """Play a tabular policy ``{InfoState: {action: prob}}`` (see ``multiagent_rl.eval.kuhn``)."""
-    from ..eval.kuhn import InfoState
+    """Play a tabular policy ``{InfoState: {action: prob}}`` (see :mod:`multiagent_rl.games.kuhn`)."""
 
     def act(turn) -> str:
         s = turn.state
-        probs = table[InfoState(s["player"], s["card"], tuple(s["history"]))]
-        actions = list(probs)
-        return turn.rng.choices(actions, weights=[probs[a] for a in actions])[0]
+        return sample_action(table, s["player"], s["card"], s["history"], turn.rng)
 
     return act
 
@@ -183,8 +143,6 @@ def random_mixed_policy(seed: int = 0, low: float = 0.1, high: float = 0.9, two_
     the stronger the signal to look at the card: the 64-wide tiny model picks it up in ~75 sft
     steps with ``two_point`` and {0.1, 0.9}, and not within 200 steps with U[0.1, 0.9].
     """
-    from ..eval.kuhn import INFO_STATES
-
     rng = random.Random(seed)
     table = {}
     for s in INFO_STATES:
@@ -196,6 +154,4 @@ def random_mixed_policy(seed: int = 0, low: float = 0.1, high: float = 0.9, two_
 
 def nash_policy(alpha: float = 1 / 6):
     """A Nash equilibrium policy of the one-parameter family, alpha in [0, 1/3]."""
-    from ..eval.kuhn import nash_policy as nash_table
-
     return table_policy(nash_table(alpha))

@@ -1,0 +1,123 @@
+"""Trainer callbacks: run guards, the console line, learning rates per training phase.
+
+- :class:`RunGuards` skips an optimizer step whose loss or gradient is not finite (the weights
+  never see a NaN) and, after a Ctrl-C, stops at the end of the step with a checkpoint.
+- :class:`ConsoleProgressCallback` / :class:`ConsolePrinterCallback` print one readable line per
+  logging step instead of transformers' whole log dict (the full metrics still go to the loggers)::
+
+      step 20/500  episodes 5,120  reward kuhn_selfplay player_0 -0.06 player_1 +0.06  loss rl -0.0031  eval exploitability 0.231
+
+- :class:`PhaseLearningRate` sets the learning rate for given step ranges (e.g. an sft warm-up
+  phase at a higher rate than the RL phase that follows).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import torch
+from transformers import TrainerCallback
+from transformers.trainer_callback import ProgressCallback
+
+
+class RunGuards(TrainerCallback):
+    """Skip optimizer steps with a non-finite loss or gradient; stop at step end after Ctrl-C.
+
+    ``trainer`` provides ``health`` (:class:`~multiagent_rl.health.RunHealth`), ``nonfinite_loss`` (the
+    streams whose loss was not finite in this step) and ``interrupt_requested``.
+    """
+
+    def __init__(self, trainer: Any):
+        self.trainer = trainer
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        trainer = self.trainer
+        params = [(n, p) for n, p in trainer.model.named_parameters() if p.grad is not None]
+        finite = torch.stack([torch.isfinite(p.grad).all() for _, p in params]).all().item() if params else True
+        cause = ""
+        if trainer.nonfinite_loss:
+            cause = f"the loss was not finite ({', '.join(sorted(trainer.nonfinite_loss))})"
+        elif not finite:
+            bad = [n for n, p in params if not torch.isfinite(p.grad).all()]
+            cause = f"the gradient was not finite ({bad[0]}" + (f" and {len(bad) - 1} more)" if len(bad) > 1 else ")")
+        trainer.nonfinite_loss.clear()
+        if trainer.health.after_gradient(not cause, cause):
+            for _, p in params:
+                p.grad = None  # an optimizer skips parameters without a gradient: no update, no moment change
+
+    def on_step_end(self, args, state, control, **kwargs):
+        trainer = self.trainer
+        flag = torch.tensor(float(trainer.interrupt_requested), device=trainer.accelerator.device)
+        if trainer.accelerator.num_processes > 1:  # every rank stops at the same step
+            flag = trainer.accelerator.reduce(flag, reduction="sum")
+        if flag.item() > 0:
+            trainer.interrupt_requested = True
+            control.should_save = True
+            control.should_training_stop = True
+        return control
+
+
+class PhaseLearningRate(TrainerCallback):
+    """A fixed learning rate during given step ranges; the scheduler's rate elsewhere.
+
+    >>> PhaseLearningRate([(0, 100, 3e-3)])  # a higher rate for the first 100 steps (an sft warm-up)  # doctest: +SKIP
+    """
+
+    def __init__(self, phases: list[tuple[int, int, float]]):
+        self.phases = [(int(start), int(stop), float(lr)) for start, stop, lr in phases]
+
+    def on_step_begin(self, args, state, control, optimizer=None, **kwargs):
+        for start, stop, lr in self.phases:
+            if start <= state.global_step < stop and optimizer is not None:
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+
+
+def console_line(logs: dict, step: int, max_steps: int) -> str:
+    """The one line printed for a log dict."""
+    parts = [f"step {step}/{max_steps}"]
+    if "episodes" in logs:
+        parts.append(f"episodes {int(logs['episodes']):,}")
+    rewards: dict[str, list[str]] = defaultdict(list)
+    for key, value in logs.items():
+        bits = key.split("/")
+        if len(bits) == 4 and bits[3] == "reward_mean" and isinstance(value, (int, float)):
+            env, role, _ = bits[:3]
+            rewards[env].append(f"{role} {value:+.3g}")
+    for env, items in rewards.items():
+        parts.append(f"reward {env} " + " ".join(items))
+    failed = sum(v for k, v in logs.items() if k.endswith("/failed_episodes") and isinstance(v, (int, float)))
+    if failed:
+        parts.append(f"failed {failed:g}")
+    losses = [f"{s} {logs[f'loss/{s}']:.4g}" for s in ("rl", "ce", "ref_kl")
+              if isinstance(logs.get(f"loss/{s}"), (int, float)) and (s == "rl" or logs[f"loss/{s}"])]
+    if losses:
+        parts.append("loss " + " ".join(losses))
+    if logs.get("health/skipped_steps"):
+        parts.append(f"skipped steps {logs['health/skipped_steps']:g}")
+    evals = [f"{k.split('/')[-1]} {v:.3g}" for k, v in logs.items()
+             if k.startswith("eval/") and isinstance(v, (int, float))]
+    if evals:
+        parts.append("eval " + " ".join(evals))
+    return "  ".join(parts)
+
+
+def _is_training_log(logs: dict) -> bool:
+    return "loss" in logs or any(k.startswith("eval/") for k in logs)
+
+
+class ConsoleProgressCallback(ProgressCallback):
+    """Transformers' progress bar, printing :func:`console_line` instead of the whole log dict."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if state.is_world_process_zero and self.training_bar is not None and logs and _is_training_log(logs):
+            self.training_bar.write(console_line(logs, state.global_step, state.max_steps))
+
+
+class ConsolePrinterCallback(TrainerCallback):
+    """Without a progress bar (``disable_tqdm``): print :func:`console_line`."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if state.is_world_process_zero and logs and _is_training_log(logs):
+            print(console_line(logs, state.global_step, state.max_steps), flush=True)

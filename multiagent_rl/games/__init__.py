@@ -1,0 +1,1 @@
+"""Game rules, below the environments that prompt them and the evaluations that score them."""

@@ -1,0 +1,101 @@
+"""``MixedAlgorithmConfig``: TRL's ``GRPOConfig`` plus the settings of multi-agent rollouts and run guards.
+
+Checked when built: ``max_steps`` is required (the trainer's dataset is a placeholder), the
+temperature must be positive (the policy is trained on its samples), and TRL loss variants the
+three-stream loss does not implement are refused. On a machine without CUDA the GPU defaults are
+switched off (fp32, no gradient checkpointing).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+
+import torch
+from trl import GRPOConfig
+
+logger = logging.getLogger(__name__)
+
+MAX_STEPS_ENV = "MULTIAGENT_RL_MAX_STEPS"
+"""Environment variable that caps ``max_steps`` (smoke tests of docs, notebooks and recipes)."""
+
+
+@dataclass
+class MixedAlgorithmConfig(GRPOConfig):
+    """TRL ``GRPOConfig`` plus the rollout settings of multi-agent training.
+
+    Rollout size comes from ``groups_per_step`` × each environment's ``group_size``, not from
+    ``per_device_train_batch_size``/``num_generations`` (those only size TRL's placeholder
+    dataloader). ``max_steps`` is required. On a machine without CUDA the GPU defaults are switched
+    off automatically (fp32, no gradient checkpointing).
+    """
+
+    max_steps: int = field(default=-1, metadata={"help": "Training steps (required: the dataset is a placeholder)."})
+    groups_per_step: int = field(default=4, metadata={"help": "Task groups each process plays per generation round."})
+    max_concurrency: int = field(default=256, metadata={"help": "Most episodes in flight at once per process."})
+    save_episodes: bool = field(
+        default=True, metadata={"help": "Append every played episode (JSON lines) to output_dir/episodes/."}
+    )
+    max_failed_steps: int = field(
+        default=3,
+        metadata={"help": "Stop when every episode of an env failed, or a stream its algorithms need got no "
+                          "tokens, in this many consecutive steps."},
+    )
+    max_skipped_steps: int = field(
+        default=3, metadata={"help": "Stop after this many consecutive steps skipped for a non-finite loss/gradient."}
+    )
+    skip_zero_advantage: bool = field(
+        default=False,
+        metadata={"help": "Leave zero-advantage samples out of the rl token count (default: count them, as TRL's "
+                          "DAPO normaliser does, so the rl step does not grow when a group ties)."},
+    )
+    logging_steps: float = field(default=1, metadata={"help": "Log every N steps (TRL's default is 10)."})
+    num_generations: int | None = field(default=2, metadata={"help": "Placeholder dataloader grouping; unused."})
+    per_device_train_batch_size: int = field(default=2, metadata={"help": "Placeholder dataloader rows; unused."})
+    max_completion_length: int | None = field(default=64, metadata={"help": "Default max new tokens per reply."})
+
+    def __post_init__(self):
+        if not torch.cuda.is_available():
+            self.use_cpu = True
+            self.bf16 = False
+            self.fp16 = False
+            # transformers 5 names it activation_checkpointing; clearing the old alias avoids its deprecation warning
+            self.activation_checkpointing, self.gradient_checkpointing = False, None
+        cap = os.environ.get(MAX_STEPS_ENV)
+        if cap and self.max_steps > int(cap):
+            logger.warning("%s=%s caps max_steps (was %d)", MAX_STEPS_ENV, cap, self.max_steps)
+            self.max_steps = int(cap)
+        if self.max_steps is None or self.max_steps <= 0:
+            raise ValueError(
+                "max_steps is required ([trainer] max_steps = N, or MixedAlgorithmConfig(max_steps=N)): the trainer's "
+                "dataset is a placeholder, so without it a run would silently take 3 epochs of 1,024 rows"
+            )
+        if self.temperature <= 0:
+            raise ValueError(
+                f"temperature={self.temperature}: the policy is trained on its own samples, which needs temperature > 0 "
+                "(greedy decoding is for evaluation; frozen seats may use 0)"
+            )
+        super().__post_init__()
+        if self.beta != 0.0:
+            raise ValueError(
+                "MixedAlgorithmConfig.beta must be 0: for a KL anchor to a reference model use the `opd` algorithm "
+                "with that model as teacher (the ref_kl stream)"
+            )
+        unsupported = {
+            "loss_type": (self.loss_type, "dapo"),
+            "importance_sampling_level": (self.importance_sampling_level, "token"),
+            "top_entropy_quantile": (self.top_entropy_quantile, 1.0),
+            "off_policy_mask_threshold": (self.off_policy_mask_threshold, None),
+            "delta": (self.delta, None),
+            "use_adaptive_entropy": (self.use_adaptive_entropy, False),
+        }
+        for name, (value, default) in unsupported.items():
+            if value != default:
+                raise ValueError(
+                    f"MixedAlgorithmConfig.{name}={value!r} is not supported: the rl stream is TRL's clipped policy "
+                    f"gradient with DAPO normalisation per stream; leave {name} at {default!r}"
+                )
+        for name in ("groups_per_step", "max_failed_steps", "max_skipped_steps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be at least 1")
