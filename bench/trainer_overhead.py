@@ -44,17 +44,8 @@ from multiagent_rl.trace import Segment, Trace  # noqa: E402
 from multiagent_rl.trainer import MixedAlgorithmConfig, MixedAlgorithmTrainer  # noqa: E402
 
 
-class PreparedBatchTrainer(MixedAlgorithmTrainer):
-    """Plays nothing: each round returns ``self.episodes`` (already scored), collated as usual."""
-
-    episodes: list[Episode] = []
-
-    async def _rollout(self, step):
-        return copy.deepcopy(self.episodes)
-
-
 def _trace(rng: random.Random, vocab: int, segments: list[tuple[str, int]], reward: float) -> Trace:
-    t = Trace(agent="agent", trainable=True, model="policy", segments=[
+    t = Trace(role="agent", trainable=True, model="policy", segments=[
         Segment(kind, [rng.randrange(3, vocab) for _ in range(n)], [-1.0] * n if kind == "action" else None)
         for kind, n in segments
     ])
@@ -76,10 +67,10 @@ def episodes(kind: str, rows: int, prompt_len: int, completion_len: int, vocab: 
     for i in range(rows):
         algo = "grpo" if kind == "grpo" else ("grpo", "echo", "sft")[i % 3]
         segments = [("prompt", prompt_len)] + (echo_segments if algo == "echo" else [("action", completion_len)])
-        env_index = {"grpo": 0, "echo": 1, "sft": 2}[algo]
+        env = {"grpo": "a", "echo": "b", "sft": "c"}[algo]
         trace = _trace(rng, vocab, segments, reward=float(i % 4))  # 4 distinct rewards per group: A != 0
-        out.append(Episode(id=f"{kind}{i}", task=Task(TaskData()), group=f"{algo}-{i // 12}", env="abc"[env_index],
-                           traces=[trace], info={"env_index": env_index}))
+        out.append(Episode(id=f"{kind}{i}", task=Task(TaskData()), group=f"{algo}-{i // 12}", env=env,
+                           traces=[trace]))
     for algo in ("grpo", "echo", "sft"):
         groups: dict[str, list[Episode]] = {}
         for ep in out:
@@ -90,11 +81,11 @@ def episodes(kind: str, rows: int, prompt_len: int, completion_len: int, vocab: 
     return out
 
 
-def mixed_trainer(model, tok, out_dir: str) -> PreparedBatchTrainer:
+def mixed_trainer(model, tok, out_dir: str) -> MixedAlgorithmTrainer:
     def env(name):
         return SingleAgentEnv([{"prompt": "x"}], reward=lambda task, trace: 0.0, name=name)
 
-    scripted = {"model": "scripted", "policy": lambda turn: "ok", "trainable": True}
+    scripted = {"model": "scripted", "policy": lambda turn: "ok"}
     experiment = {
         "env": [
             {"id": "a", "instance": env("a"), "algo": {"type": "grpo"}},
@@ -103,8 +94,8 @@ def mixed_trainer(model, tok, out_dir: str) -> PreparedBatchTrainer:
         ],
     }
     args = MixedAlgorithmConfig(output_dir=out_dir, report_to=[], save_strategy="no", save_episodes=False,
-                                disable_tqdm=True, logging_steps=1, learning_rate=1e-5)
-    return PreparedBatchTrainer(experiment, args=args, model=model, processing_class=tok)
+                                disable_tqdm=True, logging_steps=1, learning_rate=1e-5, max_steps=1)
+    return MixedAlgorithmTrainer(experiment, args=args, model=model, processing_class=tok)
 
 
 def trl_trainer(model, tok, out_dir: str) -> GRPOTrainer:
@@ -157,7 +148,12 @@ def main(argv: list[str] | None = None) -> dict:
 
     batches = {}
     for kind in ("grpo", "mixed"):
-        mixed.episodes = episodes(kind, args.rows, args.prompt_len, args.completion_len, vocab, args.seed)
+        prepared = episodes(kind, args.rows, args.prompt_len, args.completion_len, vocab, args.seed)
+
+        async def play(step, prepared=prepared):  # no rollout: the rollout engine hands over the prepared episodes
+            return copy.deepcopy(prepared)
+
+        mixed.rollout.aplay = play
         batches[kind] = mixed._generate_and_score_completions(None)
     g, m = batches["grpo"], batches["mixed"]
     assert g["completion_ids"].shape == m["completion_ids"].shape and g["prompt_ids"].shape == m["prompt_ids"].shape

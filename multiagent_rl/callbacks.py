@@ -13,7 +13,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
 from collections import defaultdict
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -21,11 +25,38 @@ from transformers import TrainerCallback
 from transformers.trainer_callback import ProgressCallback
 
 
+class Interrupt:
+    """Ctrl-C as a request: while :meth:`catching`, the first SIGINT only sets ``requested`` (the run
+    finishes its step and saves); a second one raises ``KeyboardInterrupt`` at once."""
+
+    def __init__(self, announce: bool = True):
+        self.requested, self.announce = False, announce
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            signal.default_int_handler(signum, frame)
+        self.requested = True
+        if self.announce:
+            print("\nCtrl-C: finishing this step, then saving a checkpoint (press again to stop at once)", flush=True)
+
+    @contextlib.contextmanager
+    def catching(self) -> Iterator[Interrupt]:
+        self.requested = False
+        if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+            yield self
+            return
+        previous = signal.signal(signal.SIGINT, self._handle)
+        try:
+            yield self
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+
 class RunGuards(TrainerCallback):
     """Skip optimizer steps with a non-finite loss or gradient; stop at step end after Ctrl-C.
 
     ``trainer`` provides ``health`` (:class:`~multiagent_rl.health.RunHealth`), ``nonfinite_loss`` (the
-    streams whose loss was not finite in this step) and ``interrupt_requested``.
+    streams whose loss was not finite in this step) and ``interrupt`` (an :class:`Interrupt`).
     """
 
     def __init__(self, trainer: Any):
@@ -48,11 +79,11 @@ class RunGuards(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         trainer = self.trainer
-        flag = torch.tensor(float(trainer.interrupt_requested), device=trainer.accelerator.device)
+        flag = torch.tensor(float(trainer.interrupt.requested), device=trainer.accelerator.device)
         if trainer.accelerator.num_processes > 1:  # every rank stops at the same step
             flag = trainer.accelerator.reduce(flag, reduction="sum")
         if flag.item() > 0:
-            trainer.interrupt_requested = True
+            trainer.interrupt.requested = True
             control.should_save = True
             control.should_training_stop = True
         return control

@@ -14,11 +14,8 @@ current step, saves a checkpoint and raises :class:`TrainingInterrupted`.
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import signal
-import threading
 
 import torch
 from accelerate.utils import gather_object
@@ -28,7 +25,8 @@ from trl import GRPOTrainer
 
 from . import loss as loss_module
 from .backends import SamplingParams, TransformersBackend
-from .callbacks import ConsolePrinterCallback, ConsoleProgressCallback, RunGuards
+from .callbacks import ConsolePrinterCallback, ConsoleProgressCallback, Interrupt, RunGuards
+from .checkpoint import load_run_state, save_run_state
 from .collate import collate, trainable_samples
 from .config import ExperimentConfig
 from .episode import Episode
@@ -37,10 +35,6 @@ from .models import load_model_and_tokenizer
 from .rollout import Orchestrator, episode_metrics
 from .sinks import JsonlEpisodeSink
 from .trainer_config import MixedAlgorithmConfig
-
-ALGORITHM_STATE_FILE = "algorithms_state.json"
-ROLLOUT_STATE_FILE = "rollout_state_rank{rank}.json"
-CALLBACK_STATE_FILE = "callbacks_state.json"
 
 
 class TrainingInterrupted(KeyboardInterrupt):
@@ -105,7 +99,7 @@ class MixedAlgorithmTrainer(GRPOTrainer):
             self.streams_of_tag.setdefault(algo.name, set()).update(algo.loss_types)
         self.step_tags: list[str] = []
         self.nonfinite_loss: set[str] = set()
-        self.interrupt_requested = False
+        self.interrupt = Interrupt(announce=self.accelerator.is_main_process)
 
     # -- rollout ----------------------------------------------------------------------------
     def _gather(self, local: list[Episode]) -> tuple[list[Episode], int]:
@@ -193,38 +187,19 @@ class MixedAlgorithmTrainer(GRPOTrainer):
             logs["health/skipped_steps"] = self.health.total_skipped
         super().log(logs, start_time)
 
-    def _stateful_callbacks(self) -> dict:
-        return {type(cb).__name__: cb for cb in self.callback_handler.callbacks
-                if hasattr(cb, "state_dict") and hasattr(cb, "load_state_dict")}
-
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)
         folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
-        if not os.path.isdir(folder):
-            return
-        _write_json(os.path.join(folder, ROLLOUT_STATE_FILE.format(rank=self.accelerator.process_index)),
-                    self.rollout.state_dict())
-        if self.accelerator.is_main_process:
-            _write_json(os.path.join(folder, ALGORITHM_STATE_FILE), self.rollout.algorithm_state())
-            _write_json(os.path.join(folder, CALLBACK_STATE_FILE),
-                        {name: cb.state_dict() for name, cb in self._stateful_callbacks().items()})
+        if os.path.isdir(folder):
+            save_run_state(folder, self.rollout, self.callback_handler.callbacks, self.accelerator.process_index,
+                           self.accelerator.is_main_process)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
-        if not checkpoint:
-            return
-        rollout = os.path.join(checkpoint, ROLLOUT_STATE_FILE.format(rank=self.accelerator.process_index))
-        if not os.path.exists(rollout):
-            raise ValueError(f"{checkpoint} has no {os.path.basename(rollout)}: it was not written by this trainer "
-                             "(or by a run with another number of processes), so the run cannot resume exactly")
-        self.rollout.load_state_dict(_read_json(rollout))
-        self.rollout.load_algorithm_state(_read_json(os.path.join(checkpoint, ALGORITHM_STATE_FILE)))
-        saved = _read_json(os.path.join(checkpoint, CALLBACK_STATE_FILE))
-        for name, cb in self._stateful_callbacks().items():
-            if name in saved:
-                cb.load_state_dict(saved[name])
-        if self.rollout.sink is not None:
-            self.rollout.sink.resume(self.state.global_step)  # the steps about to be replayed are logged again
+        if checkpoint:
+            load_run_state(checkpoint, self.rollout, self.callback_handler.callbacks, self.accelerator.process_index)
+            if self.rollout.sink is not None:
+                self.rollout.sink.resume(self.state.global_step)  # the steps about to be replayed are logged again
 
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs):
         """TRL's ``train()``, plus: the first Ctrl-C finishes the step in flight, saves a checkpoint and raises
@@ -232,31 +207,18 @@ class MixedAlgorithmTrainer(GRPOTrainer):
         (:class:`~multiagent_rl.health.RunStopped`) saves a checkpoint first."""
         if self.rollout.sink is not None and not resume_from_checkpoint:
             self.rollout.sink.resume(0)  # a fresh run in this folder starts a fresh log (the old one is kept aside)
-        self.interrupt_requested = False
-        previous = None
-        if threading.current_thread() is threading.main_thread():
-            previous = signal.signal(signal.SIGINT, self._on_sigint)
-        try:
-            output = super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
-        except RunStopped as exc:
-            folder = self._save_now()
-            raise RunStopped(f"{exc}\nThe weights after step {self.state.global_step} are saved in {folder}.") from None
-        finally:
-            if previous is not None:
-                signal.signal(signal.SIGINT, previous)
-        if self.interrupt_requested:
+        with self.interrupt.catching():
+            try:
+                output = super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+            except RunStopped as exc:
+                folder = self._save_now()
+                raise RunStopped(f"{exc}\nThe weights after step {self.state.global_step} are saved in {folder}.") from None
+        if self.interrupt.requested:
             folder = self._checkpoint_folder()
             raise TrainingInterrupted(f"interrupted at step {self.state.global_step}: checkpoint saved in {folder}; "
                                       "resume with train(resume_from_checkpoint=True) (recipes: --resume)",
                                       folder, self.state.global_step)
         return output
-
-    def _on_sigint(self, signum, frame):
-        if self.interrupt_requested:  # the second Ctrl-C: stop now
-            signal.default_int_handler(signum, frame)
-        self.interrupt_requested = True
-        if self.accelerator.is_main_process:
-            print("\nCtrl-C: finishing this step, then saving a checkpoint (press again to stop at once)", flush=True)
 
     def _checkpoint_folder(self) -> str:
         return os.path.join(self.args.output_dir, f"checkpoint-{self.state.global_step}")
@@ -266,20 +228,6 @@ class MixedAlgorithmTrainer(GRPOTrainer):
         if not os.path.isdir(folder):
             self._save_checkpoint(self.model_wrapped, trial=None)
         return folder
-
-
-def _write_json(path: str, data) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(data, f)
-    os.replace(tmp, path)
-
-
-def _read_json(path: str) -> dict:
-    if not os.path.exists(path):
-        return {}
-    with open(path) as f:
-        return json.load(f)
 
 
 __all__ = ["MixedAlgorithmConfig", "MixedAlgorithmTrainer", "TrainingInterrupted"]

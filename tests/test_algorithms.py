@@ -22,7 +22,7 @@ from multiagent_rl.algorithms import (
 )
 from multiagent_rl.algorithms.echo import EchoConfig
 from multiagent_rl.algorithms.grpo import GRPOConfig
-from multiagent_rl.backends import TransformersBackend
+from multiagent_rl.backends import SamplingParams, TransformersBackend
 from multiagent_rl.episode import Episode
 from multiagent_rl.rewards import learnability
 from multiagent_rl.scoring import token_logprobs
@@ -446,3 +446,92 @@ def test_opsd_drops_hint_positions(mode):
         plain = direct_logprobs(reference, trace.token_ids)
         assert any(abs(plain[j] - trace.streams.ref_logprobs[j]) > 1e-4 for j, k in enumerate(kinds) if k == "action")
     policy.train()
+
+
+# -- the algorithm surface: import paths, declared streams ---------------------------------------
+
+ALGORITHM_MODULE = '''
+from typing import Literal
+from multiagent_rl.algorithms.base import Algorithm, AlgorithmConfig, on_kind, trained_traces
+from multiagent_rl.trace import TokenStreams
+
+
+class ConstantConfig(AlgorithmConfig):
+    type: Literal["constant_advantage"] = "constant_advantage"
+    value: float = 1.0
+
+
+class ConstantAdvantage(Algorithm):
+    config_class = ConstantConfig
+    loss_types = ("rl",)
+
+    def score_group(self, episodes, roles=None):
+        for _, _, t in trained_traces(episodes, roles):
+            t.streams = TokenStreams(self.name, advantages=on_kind(t, "action", self.config.value))
+
+
+class UndeclaredConfig(AlgorithmConfig):
+    type: Literal["writes_undeclared"] = "writes_undeclared"
+
+
+class WritesUndeclared(ConstantAdvantage):
+    config_class = UndeclaredConfig
+
+    def score_group(self, episodes, roles=None):
+        for _, _, t in trained_traces(episodes, roles):
+            t.streams = TokenStreams(self.name, advantages=on_kind(t, "action", 1.0), ce_weights=on_kind(t, "action", 1.0))
+'''
+
+
+@pytest.fixture
+def registry():
+    """Algorithms a test registers are forgotten afterwards."""
+    from multiagent_rl.algorithms.base import ALGORITHMS
+
+    saved = dict(ALGORITHMS)
+    yield ALGORITHMS
+    ALGORITHMS.clear()
+    ALGORITHMS.update(saved)
+
+
+def test_an_algorithm_is_reachable_by_import_path(tmp_path, monkeypatch, registry):
+    from multiagent_rl.config import ExperimentConfig
+
+    (tmp_path / "my_algos.py").write_text(ALGORITHM_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = ExperimentConfig.model_validate({"algo": {"type": "my_algos:ConstantAdvantage", "value": 0.5},
+                                              "env": [{"id": "kuhn_poker"}]})
+    assert config.algo.type == "constant_advantage" and config.algo.value == 0.5
+    algo = build_algorithm(config.algo)
+    episode = make_episode([make_trace("a", 0.0)])
+    algo.score_group([episode])
+    assert rl_value(episode.traces[0]) == 0.5
+    with pytest.raises(ValueError, match="cannot import algorithm 'my_algos:Nope'"):
+        build_algorithm({"type": "my_algos:Nope"})
+
+
+def test_declared_loss_types_are_enforced(tmp_path, monkeypatch, registry):
+    from multiagent_rl.algorithms.base import Algorithm, AlgorithmConfig, register
+
+    class KLConfig(AlgorithmConfig):
+        type: str = "declares_unknown_stream"
+
+    @register
+    class DeclaresUnknown(Algorithm):
+        config_class = KLConfig
+        loss_types = ("kl",)
+
+    with pytest.raises(TypeError, match=r"loss_types = \('kl',\) must name one or more of \('rl', 'ce', 'ref_kl'\)"):
+        build_algorithm({"type": "declares_unknown_stream"})
+    (tmp_path / "my_algos2.py").write_text(ALGORITHM_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from multiagent_rl.env import SingleAgentEnv
+    from multiagent_rl.rollout import Orchestrator
+
+    env = SingleAgentEnv([{"prompt": "hi"}], reward=lambda task, trace: 1.0)
+    orchestrator = Orchestrator.from_config({"algo": {"type": "my_algos2:WritesUndeclared"},
+                                             "env": [{"id": "s", "instance": env, "group_size": 2}]},
+                                            groups_per_step=1, sampling=SamplingParams(max_new_tokens=2))
+    episodes = orchestrator.play(0)
+    with pytest.raises(TypeError, match=r"wrote the ce stream on role 'agent' but declares loss_types = \('rl',\)"):
+        orchestrator.score(episodes)

@@ -189,7 +189,7 @@ def test_turn_limit_and_stop_strings(backend):
     with pytest.raises(mrl.TurnLimitReached):
         run(two_turns())
     # a stop string cuts the reply text and marks the finish
-    model, tok = backend.model, backend.tokenizer
+    tok = backend.tokenizer
     gens = backend.generate_batch([tok.encode("Hello")] * 4, mrl.SamplingParams(max_new_tokens=30, stop=("e",), seed=1))
     for g in gens:
         text = tok.decode(g.token_ids, skip_special_tokens=True)

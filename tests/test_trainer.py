@@ -37,7 +37,8 @@ from multiagent_rl.env import SingleAgentEnv, play_episodes, run_sync
 from multiagent_rl.envs.kuhn_poker import KuhnPokerEnv, random_policy
 from multiagent_rl.models import build_tiny_model
 from multiagent_rl.task import Task, TaskData
-from multiagent_rl.trainer import ALGORITHM_STATE_FILE, MixedAlgorithmTrainer
+from multiagent_rl.checkpoint import ALGORITHM_STATE_FILE
+from multiagent_rl.trainer import MixedAlgorithmTrainer
 
 
 HERE = Path(__file__).parent
