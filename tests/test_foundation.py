@@ -197,3 +197,23 @@ def test_turn_limit_and_stop_strings(backend):
             assert "e" in text and "e" not in tok.decode(g.token_ids[:-1], skip_special_tokens=True)
         else:
             assert "e" not in text
+
+
+def test_task_sampling_overrides_apply_to_every_seat(backend):
+    agent = Agent(mrl.AgentConfig(sampling={"max_new_tokens": 12, "seed": 3}), backend)
+    task = mrl.Task(mrl.TaskData(prompt="Hello!"), sampling={"max_new_tokens": 2})
+    it = agent.interaction(task)
+    assert it.sampling.max_new_tokens == 2 and it.sampling.seed == 3
+    assert agent.interaction(task, max_new_tokens=5).sampling.max_new_tokens == 5  # a call's own override wins
+    trace = run(agent.run(task))
+    assert 1 <= trace.num_action_tokens <= 2
+
+
+def test_frozen_backends_are_cached_by_model_and_device():
+    import torch
+
+    a = mrl.build_backend("tiny", device="cpu")
+    assert mrl.build_backend("tiny", device=torch.device("cpu")) is a
+    assert a.supports_choices and a.max_context == 2048 and a.model_id == "tiny"
+    with pytest.raises(ValueError, match="model='policy' binds a seat to the live policy"):
+        mrl.build_backend("policy")
