@@ -73,8 +73,9 @@ class RoleConfig(_Strict):
     model: str = "policy"
     """``"policy"`` (the model being trained), a frozen model (``"tiny"``, a hub id or a local path) or ``"scripted"``."""
     trainable: bool | None = None
-    """Whether this seat's traces are trained on; default: True for ``policy`` seats and for seats that name
-    their own ``algo`` (e.g. a scripted seat with ``algo = {type = "sft"}``), False otherwise."""
+    """Whether this seat's traces are trained on. Default: True for ``policy`` seats; for a frozen or scripted
+    seat, True when its algorithm (its own ``algo``, else the env's, else the experiment's) imitates another
+    agent (``sft``), False otherwise (an opponent, a judge, a simulated user)."""
     algo: OptionalAlgorithm = None
     """This role's algorithm; default: the environment's, then the experiment's."""
     policy: Callable[..., Any] | str | None = None
@@ -99,12 +100,6 @@ class RoleConfig(_Strict):
             )
         SamplingParams(**self.sampling)  # unknown keys and bad values fail here, naming the key
         return self
-
-    @property
-    def is_trainable(self) -> bool:
-        if self.trainable is not None:
-            return self.trainable
-        return self.model == "policy" or self.algo is not None
 
     def scripted_policy(self) -> Callable[..., Any]:
         if callable(self.policy):
@@ -217,7 +212,7 @@ class ExperimentConfig(_Strict):
         env = self.env[env_index]
         rc = rc if rc is not None else RoleConfig()
         where = f"env[{env_index}] ({env.name or env.id}) role {role!r}"
-        if not rc.is_trainable:
+        if not self.seat_trainable(env, role):
             return
         algo = self.algorithm_for(env, role)
         spec = ALGORITHMS[algo.type]
@@ -256,6 +251,15 @@ class ExperimentConfig(_Strict):
             )
         for role in seats:
             self.check_seat(env_index, role, env.roles.get(role))
+
+    def seat_trainable(self, env: EnvConfig, role: str) -> bool:
+        """Whether seat ``role`` of ``env`` is trained (see ``RoleConfig.trainable`` for the default)."""
+        rc = env.roles.get(role)
+        if rc is None or rc.model == "policy":
+            return True if rc is None or rc.trainable is None else rc.trainable
+        if rc.trainable is not None:
+            return rc.trainable
+        return rc.algo is not None or not ALGORITHMS[self.algorithm_for(env, role).type].samples_from_policy
 
     def algorithm_for(self, env: EnvConfig, role: str | None) -> AlgorithmConfig:
         rc = env.roles.get(role) if role is not None else None

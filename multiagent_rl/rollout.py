@@ -114,7 +114,7 @@ class Orchestrator:
                 timeout=rc.timeout if rc else None,
             )
             agents[role] = make_agent(config, policy_backend=self.policy, device=self.device)
-            trainable[role] = rc.is_trainable if rc else True
+            trainable[role] = self.experiment.seat_trainable(spec, role)
             if trainable[role]:
                 algo_config = self.experiment.algorithm_for(spec, role)
                 key = algo_config.model_dump_json()

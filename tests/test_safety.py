@@ -220,7 +220,12 @@ def test_settings_that_train_nothing_are_refused_at_load(tmp_path, tiny):
     exp = ExperimentConfig.model_validate({"algo": {"type": "rae"}, "env": [{"id": "kuhn_poker", "group_size": 1,
                                           "roles": {"player_0": {"model": "scripted", "algo": {"type": "sft"},
                                                                  "policy": "multiagent_rl.envs.kuhn_poker:random_policy"}}}]})
-    assert exp.env[0].roles["player_0"].is_trainable
+    assert exp.seat_trainable(exp.env[0], "player_0")
+    # the env's own algorithm makes its scripted seats imitated, too
+    exp = ExperimentConfig.model_validate({"env": [{"id": "kuhn_poker", "algo": {"type": "sft"}, "roles": {
+        seat: {"model": "scripted", "policy": "multiagent_rl.envs.kuhn_poker:random_policy"}
+        for seat in ("player_0", "player_1")}}]})
+    assert exp.seat_trainable(exp.env[0], "player_0") and exp.seat_trainable(exp.env[0], "player_1")
 
 
 def test_a_run_where_every_episode_fails_stops_with_the_cause(tmp_path, tiny):

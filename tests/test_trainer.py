@@ -555,7 +555,7 @@ learning_rate = 1e-3
     exp = ExperimentConfig.from_toml(path)
     assert exp.algo.type == "rae" and exp.algo.decay == 0.9
     assert exp.env[0].group_size == 2 and exp.env[0].weight == 2.0
-    assert exp.env[0].roles["player_1"].is_trainable is False
+    assert exp.seat_trainable(exp.env[0], "player_1") is False
     assert exp.algorithm_for(exp.env[1], "player_0").alpha == 0.2
     trainer = MixedAlgorithmTrainer(exp)
     assert trainer.args.max_steps == 1 and trainer.args.learning_rate == 1e-3 and trainer.args.output_dir == str(out)
