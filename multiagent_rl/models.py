@@ -38,8 +38,8 @@ TINY_ARCHITECTURE = dict(
     hidden_size=64,
     intermediate_size=128,
     num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
+    num_attention_heads=2,  # head_dim 32: vLLM's CPU attention refuses head_dim 16
+    num_key_value_heads=1,
     max_position_embeddings=2048,
     tie_word_embeddings=True,
 )
