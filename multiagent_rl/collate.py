@@ -55,11 +55,14 @@ def _row(s: Sample, temperature: float, skip_zero_advantage: bool) -> dict:
     allowed = trace.allowed_token_ids[p:]
     free = [float(a is None or len(a) > 1) for a in allowed]
     action = [float(k == "action") for k in kinds]
+    by_policy = trace.model == "policy"
+    sampling = trace.sampling_logprobs[p:]
     row = dict(prompt=ids[:p], completion=ids[p:], allowed=allowed, action_mask=action,
-               sampling_logps=[x or 0.0 for x in trace.sampling_logprobs[p:]],
+               sampling_logps=[x or 0.0 for x in sampling],
+               # tokens the policy sampled (not forced): where the sampler's logprob can be compared to the trainer's
+               sampled_mask=[float(by_policy and x is not None) * f for x, f in zip(sampling, free)],
                algorithm=trace.streams.algorithm, env=s.env, role=trace.role)
     # the temperature the loss reads a token at: the one it was sampled at when the policy sampled it
-    by_policy = trace.model == "policy"
     row["temperatures"] = [t if (t is not None and by_policy) else temperature for t in trace.token_temperatures[p:]]
     for stream in STREAMS:
         values = getattr(trace.streams, stream.trace_field)
@@ -79,7 +82,8 @@ def _row(s: Sample, temperature: float, skip_zero_advantage: bool) -> dict:
 
 def _padding_row(pad_token_id: int, temperature: float) -> dict:
     row = dict(prompt=[pad_token_id], completion=[pad_token_id], allowed=[None], action_mask=[0.0],
-               sampling_logps=[0.0], temperatures=[temperature], algorithm="padding", env="", role="")
+               sampling_logps=[0.0], sampled_mask=[0.0], temperatures=[temperature], algorithm="padding", env="",
+               role="")
     for stream in STREAMS:
         row[stream.weights], row[stream.mask] = [0.0], [0.0]
         for key, _ in stream.extras:

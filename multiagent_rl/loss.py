@@ -13,6 +13,7 @@ table. With every sample a ``grpo`` sample the loss equals TRL's ``GRPOTrainer``
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -57,10 +58,15 @@ class Stream:
         return f"num_{self.name}_tokens"
 
 
+def _sampler_weights(x: StreamInputs) -> torch.Tensor | float:
+    """Importance weights for the sampler/trainer mismatch (1 when the sampler is the trainer's own model)."""
+    return x.batch.get("importance_weights", 1.0)
+
+
 def _policy_gradient(x: StreamInputs) -> torch.Tensor:
     advantages = x.batch["advantages"]
     clipped = torch.clamp(x.ratio, 1 - x.epsilon_low, 1 + x.epsilon_high)
-    return -torch.min(x.ratio * advantages, clipped * advantages) * x.batch["rl_mask"]
+    return -torch.min(x.ratio * advantages, clipped * advantages) * x.batch["rl_mask"] * _sampler_weights(x)
 
 
 def _cross_entropy(x: StreamInputs) -> torch.Tensor:
@@ -76,7 +82,7 @@ def reference_advantage(x: StreamInputs) -> torch.Tensor:
 def _reverse_kl(x: StreamInputs) -> torch.Tensor:
     # Sampled-token reverse KL to the teacher in policy-gradient form: its gradient is zero when the
     # teacher equals the student.
-    return -x.ratio * reference_advantage(x) * x.batch["ref_kl_weights"]
+    return -x.ratio * reference_advantage(x) * x.batch["ref_kl_weights"] * _sampler_weights(x)
 
 
 STREAMS: tuple[Stream, ...] = (
@@ -118,6 +124,34 @@ def token_logprobs_from_logits(
             restricted_entropy = -(restricted.exp() * restricted.masked_fill(~in_set, 0.0)).sum(-1)
             entropy = torch.where(constrained, restricted_entropy, entropy)
     return logps, entropy
+
+
+def importance_weights(
+    trainer_logps: torch.Tensor, sampling_logps: torch.Tensor, sampled: torch.Tensor, mode: str = "token_truncate",
+    clip_min: float | None = None, clip_max: float | None = 3.0,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Correction for a sampler whose logprobs differ from the trainer's (e.g. vLLM): ρ = π_trainer / μ_sampler.
+
+    Per token (``token_*``) or per sample over its sampled tokens (``sequence_*``, the product of the token
+    ratios); ``*_truncate`` clamps ρ to [clip_min, clip_max], ``*_mask`` zeroes ratios outside it (TRL's
+    ``vllm_importance_sampling_mode``). The weights (B, T) multiply the rl and ref_kl token losses. Also returns
+    the per-unit ratios, log-prob gaps and whether each unit was clipped, for metrics.
+    """
+    if mode not in ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"):
+        raise ValueError(f"unknown importance sampling mode {mode!r}: token_truncate, token_mask, sequence_truncate "
+                         "or sequence_mask")
+    sampled = sampled.bool()
+    gap = torch.where(sampled, trainer_logps - sampling_logps, 0.0).nan_to_num(0.0)
+    per_sequence = mode.startswith("sequence")
+    ratio = torch.exp(gap.sum(-1, keepdim=True) if per_sequence else gap)
+    low = -math.inf if clip_min is None else clip_min
+    high = math.inf if clip_max is None else clip_max
+    outside = (ratio < low) | (ratio > high)
+    weights = torch.clamp(ratio, min=clip_min, max=clip_max) if mode.endswith("truncate") else ratio.masked_fill(
+        outside, 0.0)
+    units = sampled.any(-1, keepdim=True) if per_sequence else sampled
+    stats = {"ratio": ratio[units], "clipped": outside[units], "gap": gap[sampled].abs()}
+    return weights.expand_as(trainer_logps).detach(), stats
 
 
 def read_positions(batch: dict) -> torch.Tensor:

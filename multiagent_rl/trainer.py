@@ -100,6 +100,7 @@ class MixedAlgorithmTrainer(GRPOTrainer):
         self.step_tags: list[str] = []
         self.nonfinite_loss: set[str] = set()
         self.interrupt = Interrupt(announce=self.accelerator.is_main_process)
+        self._synced_step: int | None = None
 
     # -- rollout ----------------------------------------------------------------------------
     def _gather(self, local: list[Episode]) -> tuple[list[Episode], int]:
@@ -109,8 +110,15 @@ class MixedAlgorithmTrainer(GRPOTrainer):
         counts = gather_object([len(local)])
         return gather_object(local), sum(counts[: self.accelerator.process_index])
 
+    def _sync_policy(self) -> None:
+        """Hand the current weights to the policy backend once per optimizer step, before it samples again."""
+        if self._synced_step != self.state.global_step:
+            self.rollout.policy.sync_weights(self.accelerator.unwrap_model(self.model))
+            self._synced_step = self.state.global_step
+
     def _generate_and_score_completions(self, inputs):
         step = self.state.global_step
+        self._sync_policy()
         everyone = self.rollout.score(self.rollout.play(step), step, gather=self._gather)
         local = self.rollout.last_episodes
         for name, value in episode_metrics(everyone).items():
@@ -128,11 +136,38 @@ class MixedAlgorithmTrainer(GRPOTrainer):
             batch[stream.count] = count
         batch["num_action_tokens"] = counts[-1]
         batch["num_items_in_batch"] = batch["num_rl_tokens"]
-        if self.args.steps_per_generation > self.args.gradient_accumulation_steps or self.num_iterations > 1:
-            # Several optimizer steps reuse this batch: freeze the logprobs of the policy that sampled it.
+        correct = self.args.vllm_importance_sampling_correction and not self.rollout.policy.exact_logprobs
+        if correct or self.args.steps_per_generation > self.args.gradient_accumulation_steps or self.num_iterations > 1:
+            # Several optimizer steps reuse this batch, or another engine sampled it: freeze the trainer's logprobs
+            # of the policy that sampled it.
             with torch.no_grad():
                 batch["old_per_token_logps"], _ = self._token_logps(self.model, batch)
+        if correct:
+            args = self.args
+            batch["importance_weights"], stats = loss_module.importance_weights(
+                batch["old_per_token_logps"], batch["sampling_logps"], batch["sampled_mask"],
+                args.vllm_importance_sampling_mode, args.vllm_importance_sampling_clip_min,
+                args.vllm_importance_sampling_clip_max)
+            self._log_sampler_mismatch(stats)
         return batch
+
+    def _log_sampler_mismatch(self, stats: dict) -> None:
+        ratio, gap = stats["ratio"].float(), stats["gap"].float()
+        sums = torch.stack([ratio.sum(), torch.tensor(float(ratio.numel()), device=ratio.device),
+                            stats["clipped"].float().sum(), gap.sum(), torch.tensor(float(gap.numel()), device=gap.device)])
+        sums = self.accelerator.reduce(sums, reduction="sum").tolist()
+        extremes = torch.stack([ratio.max() if ratio.numel() else ratio.new_tensor(1.0),
+                                -(ratio.min() if ratio.numel() else ratio.new_tensor(1.0)),
+                                gap.max() if gap.numel() else gap.new_tensor(0.0)])
+        top = self.accelerator.reduce(extremes, reduction="max").tolist() if self.accelerator.num_processes > 1 \
+            else extremes.tolist()
+        metrics = self._metrics["train"]
+        metrics["sampling/importance_sampling_ratio/mean"].append(sums[0] / max(sums[1], 1.0))
+        metrics["sampling/importance_sampling_ratio/max"].append(top[0])
+        metrics["sampling/importance_sampling_ratio/min"].append(-top[1])
+        metrics["sampling/importance_sampling_ratio/clipped"].append(sums[2] / max(sums[1], 1.0))
+        metrics["sampling/sampling_logp_difference/mean"].append(sums[3] / max(sums[4], 1.0))
+        metrics["sampling/sampling_logp_difference/max"].append(top[2])
 
     # -- loss -------------------------------------------------------------------------------
     def _token_logps(self, model, batch, compute_entropy=False):

@@ -50,6 +50,13 @@ class MixedAlgorithmConfig(GRPOConfig):
         metadata={"help": "Leave zero-advantage samples out of the rl token count (default: count them, as TRL's "
                           "DAPO normaliser does, so the rl step does not grow when a group ties)."},
     )
+    vllm_importance_sampling_mode: str = field(
+        default="token_truncate",
+        metadata={"help": "How the sampler/trainer mismatch is corrected when the policy backend's logprobs are not "
+                          "the trainer's own (vLLM, a served policy): token_truncate (default: truncated importance "
+                          "sampling per token, capped at vllm_importance_sampling_clip_max), token_mask, "
+                          "sequence_truncate or sequence_mask, as in TRL."},
+    )
     logging_steps: float = field(default=1, metadata={"help": "Log every N steps (TRL's default is 10)."})
     num_generations: int | None = field(default=2, metadata={"help": "Placeholder dataloader grouping; unused."})
     per_device_train_batch_size: int = field(default=2, metadata={"help": "Placeholder dataloader rows; unused."})

@@ -64,6 +64,9 @@ class GenerationBackend(Protocol):
     """Whether ``SamplingParams.allowed_token_ids`` is honoured (the legal-action harness needs it)."""
     max_context: int | None
     """Most positions a request may use (prompt + reply); None when unknown."""
+    exact_logprobs: bool
+    """True when its sampling logprobs are the trainer's own (same weights, same numerics); otherwise a policy
+    served by it gets the truncated importance-sampling correction."""
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
         """Sample a reply to ``prompt_ids``: its token ids and their logprobs at ``params.temperature``."""

@@ -37,6 +37,8 @@ class TransformersBackend:
     """
 
     supports_choices = True
+    exact_logprobs = True
+    """Its logprobs come from the trainer's own forward passes: no sampler/trainer mismatch to correct."""
 
     def __init__(self, model, tokenizer, model_id: str = "policy", max_batch_size: int = 256, gather_ticks: int = 3):
         self.model = model
