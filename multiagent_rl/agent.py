@@ -212,8 +212,9 @@ class Interaction:
             trace.append("action", ids)
             self._reply_ended_turn = agent.template.ends_turn(ids)
             return tok.decode(ids, skip_special_tokens=True)
-        gen = await agent.backend.generate(trace.token_ids, params)
+        gen = await agent.backend.generate(trace.token_ids, params, trace.messages)
         trace.append("action", gen.token_ids, gen.logprobs, temperature=params.temperature)
+        trace.token_exact = trace.token_exact and gen.exact
         self._reply_ended_turn = agent.template.ends_turn(gen.token_ids)
         text = tok.decode(gen.token_ids, skip_special_tokens=True)
         for s in params.stop:
@@ -251,6 +252,7 @@ class Interaction:
                     gen = await agent.backend.generate(
                         trace.token_ids + ids,
                         params.with_overrides(max_new_tokens=1, stop=(), allowed_token_ids=tuple(candidates)),
+                        trace.messages,
                     )
                     token, logprob = gen.token_ids[0], gen.logprobs[0]
                 ids.append(token)
@@ -268,7 +270,8 @@ async def single_turn(interaction: Interaction) -> Trace:
     return it.trace
 
 
-def make_agent(config: AgentConfig | dict, *, policy_backend: GenerationBackend | None = None, device=None) -> Agent:
+def make_agent(config: AgentConfig | dict, *, policy_backend: GenerationBackend | None = None, device=None,
+               endpoints: dict | None = None) -> Agent:
     """Build an agent from its config: its backend from ``config.model`` (:func:`~multiagent_rl.backends.build_backend`;
     ``device`` places a frozen model when it is first loaded), or a scripted one.
 
@@ -281,7 +284,7 @@ def make_agent(config: AgentConfig | dict, *, policy_backend: GenerationBackend 
 
         tok = policy_backend.tokenizer if policy_backend is not None and config.tokenizer is None else None
         return Agent(config, None, tok or load_tokenizer(config.tokenizer or "tiny"))
-    return Agent(config, build_backend(config.model, device=device, policy=policy_backend))
+    return Agent(config, build_backend(config.model, device=device, policy=policy_backend, endpoints=endpoints))
 
 
 @dataclass

@@ -42,7 +42,8 @@ def trainable_samples(episodes: list[Episode], skip_zero_advantage: bool = False
         for ep in episodes
         if ep.ok
         for t in ep.traces
-        if t.trainable and t.streams is not None and (_in_rl(t, skip_zero_advantage) or t.streams.has_weight())
+        if t.trainable and t.token_exact and t.streams is not None
+        and (_in_rl(t, skip_zero_advantage) or t.streams.has_weight())
     ]
 
 

@@ -32,13 +32,14 @@ import importlib
 import tomllib
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Annotated, Any, Callable
+from typing import Annotated, Any, Callable, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 from pydantic import model_validator
 
 from .algorithms import ALGORITHMS, AlgorithmConfig, parse_algorithm_config
 from .backends.base import SamplingParams
+from .backends.endpoint import EndpointConfig, is_endpoint_reference, parse_reference
 
 ENVS: dict[str, str] = {
     "kuhn_poker": "multiagent_rl.envs.kuhn_poker:KuhnPokerEnv",
@@ -151,6 +152,36 @@ class EnvConfig(_Strict):
         return self.start_step <= step and (self.stop_step is None or step < self.stop_step)
 
 
+class VLLMConfig(_Strict):
+    """How the policy is sampled with vLLM (``[model] backend = "vllm"``)."""
+
+    mode: Literal["colocate", "server"] = "colocate"
+    """``colocate``: an in-process engine on the trainer's device; ``server``: a vLLM server you started (see
+    docs/scaling.md for its flags), sent the trainer's weights after every optimizer step."""
+    base_url: str | None = None
+    """Server mode: the server's API root, e.g. ``http://127.0.0.1:8000/v1``."""
+    served_model: str | None = None
+    """Server mode: the model name the server serves (default: the model's path, as ``--model`` was given)."""
+    api_key_env: str | None = None
+    """Server mode: the environment variable holding the server's API key, if it has one."""
+    timeout: float = Field(300.0, gt=0)
+    """Server mode: seconds one request may take."""
+    max_concurrency: int = Field(256, ge=1)
+    """Server mode: most requests in flight."""
+    max_model_len: int = Field(2048, ge=16)
+    """Context length of the engine (prompt + reply)."""
+    gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
+    """Colocate mode on a GPU: the share of its memory vLLM may take (the trainer needs the rest)."""
+    kv_cache_memory_bytes: int | None = Field(None, ge=1)
+    """Colocate mode: bytes of KV cache (default on CPU: 64 MiB)."""
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.mode == "server" and not self.base_url:
+            raise ValueError("[model.vllm] mode = 'server' needs base_url (e.g. 'http://127.0.0.1:8000/v1')")
+        return self
+
+
 class ModelConfig(_Strict):
     """The policy being trained."""
 
@@ -158,6 +189,10 @@ class ModelConfig(_Strict):
     """``"tiny"`` (embedded, CPU), a hub id or a local path."""
     lora: dict[str, Any] | None = None
     """PEFT ``LoraConfig`` keyword arguments to train an adapter instead of the full model."""
+    backend: Literal["transformers", "vllm"] = "transformers"
+    """What samples the policy: the live transformers model (default) or vLLM (``[model.vllm]``)."""
+    vllm: VLLMConfig = Field(default_factory=VLLMConfig)
+    """vLLM options (used when ``backend = "vllm"``)."""
 
 
 class ExperimentConfig(_Strict):
@@ -170,6 +205,8 @@ class ExperimentConfig(_Strict):
     model: ModelConfig = Field(default_factory=ModelConfig)
     trainer: dict[str, Any] = Field(default_factory=dict)
     """Fields of :class:`~multiagent_rl.trainer.MixedAlgorithmConfig` (a TRL ``GRPOConfig``)."""
+    endpoints: dict[str, EndpointConfig] = Field(default_factory=dict)
+    """Named OpenAI-compatible servers that seats and teachers reach as ``model = "endpoint:NAME"``."""
 
     @field_validator("algo", mode="before")
     @classmethod
@@ -195,6 +232,8 @@ class ExperimentConfig(_Strict):
             )
         for i, env in enumerate(self.env):
             for role, rc in env.roles.items():
+                if is_endpoint_reference(rc.model):
+                    parse_reference(rc.model, self.endpoints)  # a bad reference fails here, naming it
                 self.check_seat(i, role, rc)
             default = self.algorithm_for(env, None)
             if not env.roles and not ALGORITHMS[default.type].samples_from_policy:
@@ -232,6 +271,12 @@ class ExperimentConfig(_Strict):
             raise ValueError(
                 f"{where}: algo {algo.type!r} compares the episodes of a task group, but group_size = 1, so every "
                 "advantage would be 0; set group_size >= 2 or use 'rae' (a running baseline needs no group)"
+            )
+        if is_endpoint_reference(rc.model) and parse_reference(rc.model, self.endpoints).kind == "openai":
+            raise ValueError(
+                f"{where}: a chat endpoint ({rc.model!r}) returns text, re-tokenised here, not the tokens the model "
+                "sampled, so its replies cannot be trained on; set trainable = false, or serve the model with vLLM "
+                "('vllm:URL#MODEL') for token-exact traces"
             )
         temperature = rc.sampling.get("temperature")
         if rc.model == "policy" and temperature is not None and temperature <= 0:

@@ -17,9 +17,11 @@ role and trainability, and an exception or timeout inside one episode is recorde
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import random
+import threading
 import time
 import traceback
 import uuid
@@ -202,20 +204,38 @@ async def play_episodes(
         bar.close()
 
 
+_RUNNERS = threading.local()
+
+
 def run_sync(coro):
-    """Run a coroutine from sync code, also where an event loop is already running (Jupyter, Colab)."""
+    """Run a coroutine from sync code, also where an event loop is already running (Jupyter, Colab).
+
+    Every call from the same thread runs on the same event loop (an ``asyncio.Runner`` kept per thread), so
+    backends that hold loop-bound resources (HTTP clients, queues) keep them from one training step to the next.
+    In a notebook, whose loop is busy running the cell, the coroutine runs on a worker thread's own loop.
+    """
     try:
         asyncio.get_running_loop()
         in_loop = True
     except RuntimeError:
         in_loop = False
     if not in_loop:  # outside the except block, so errors raised inside carry no "no running event loop" context
-        return asyncio.run(coro)
-    # A notebook's loop is busy running the cell: run ours in a worker thread with its own loop.
+        return _runner().run(coro)
+    return _notebook_pool().submit(lambda: _runner().run(coro)).result()
+
+
+def _runner() -> asyncio.Runner:
+    runner = getattr(_RUNNERS, "runner", None)
+    if runner is None:
+        runner = _RUNNERS.runner = asyncio.Runner()
+    return runner
+
+
+@functools.lru_cache(maxsize=1)
+def _notebook_pool():
     import concurrent.futures
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(asyncio.run, coro).result()
+    return concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="multiagent_rl-loop")
 
 
 def format_error(exc: BaseException, frames: int = 5) -> str:

@@ -82,9 +82,10 @@ class Orchestrator:
         self.slot_of = {slot.label: slot for slot in self.slots}
         self.episodes_played = 0
         self.last_episodes: list[Episode] = []
+        endpoints = self.experiment.endpoints
         ctx = AlgorithmContext(policy_backend=policy, policy_model=policy_model,
                                tokenizer=getattr(policy, "tokenizer", None),
-                               load_backend=lambda model: build_backend(model, device=device))
+                               load_backend=lambda model: build_backend(model, device=device, endpoints=endpoints))
         run_sync(_gather(*(a.setup(ctx) for a in self.algorithms.values())))
 
     @classmethod
@@ -113,7 +114,8 @@ class Orchestrator:
                 policy=rc.scripted_policy() if rc and rc.model == "scripted" else None,
                 timeout=rc.timeout if rc else None,
             )
-            agents[role] = make_agent(config, policy_backend=self.policy, device=self.device)
+            agents[role] = make_agent(config, policy_backend=self.policy, device=self.device,
+                                      endpoints=self.experiment.endpoints)
             trainable[role] = self.experiment.seat_trainable(spec, role)
             if trainable[role]:
                 algo_config = self.experiment.algorithm_for(spec, role)

@@ -81,6 +81,7 @@ def trace_record(trace: Trace) -> dict[str, Any]:
         "info": _text(trace.info),
         "error": trace.error,
         "last_reply": trace.last_reply,
+        "token_exact": trace.token_exact,
         "streams": None if streams is None else {
             "algorithm": streams.algorithm, "advantages": streams.advantages, "ce_weights": streams.ce_weights,
             "ref_kl_weights": streams.ref_kl_weights, "ref_logprobs": streams.ref_logprobs,
@@ -122,6 +123,7 @@ def _trace_from_record(d: dict[str, Any]) -> Trace:
         error=d["error"],
         last_reply=d["last_reply"],
         streams=None if streams is None else TokenStreams(**streams),
+        token_exact=d["token_exact"],
     )
 
 
@@ -157,7 +159,8 @@ def episode_features():
         "role": text, "trainable": Value("bool"), "model": text, "segments": List(segment),
         "messages": List({"role": text, "content": text}),
         "rewards": List({"name": text, "value": Value("float64"), "weight": Value("float64")}),
-        "reward": Value("float64"), "metrics": text, "info": text, "error": text, "last_reply": text, "streams": streams,
+        "reward": Value("float64"), "metrics": text, "info": text, "error": text, "last_reply": text,
+        "token_exact": Value("bool"), "streams": streams,
     }
     task = {"prompt": text, "system_prompt": text, "answer": text, "id": text, "info": text, "sampling": text}
     return Features({

@@ -112,6 +112,9 @@ class Trace:
     error: str | None = None
     last_reply: str | None = None
     streams: TokenStreams | None = None
+    token_exact: bool = True
+    """False when some reply's tokens were re-tokenised from a text endpoint's reply (not the model's own ids):
+    such a trace is never trained on."""
 
     # -- tokens ---------------------------------------------------------------------------
     @property
@@ -216,6 +219,7 @@ class Trace:
             "error": self.error,
             "last_reply": self.last_reply,
             "streams": None if self.streams is None else vars(self.streams).copy(),
+            "token_exact": self.token_exact,
         }
 
     @classmethod
@@ -232,4 +236,5 @@ class Trace:
             error=d["error"],
             last_reply=d["last_reply"],
             streams=None if d.get("streams") is None else TokenStreams(**d["streams"]),
+            token_exact=d.get("token_exact", True),
         )

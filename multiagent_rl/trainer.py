@@ -24,7 +24,7 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from trl import GRPOTrainer
 
 from . import loss as loss_module
-from .backends import SamplingParams, TransformersBackend
+from .backends import SamplingParams, build_policy_backend
 from .callbacks import ConsolePrinterCallback, ConsoleProgressCallback, Interrupt, RunGuards
 from .checkpoint import load_run_state, save_run_state
 from .collate import collate, trainable_samples
@@ -83,8 +83,8 @@ class MixedAlgorithmTrainer(GRPOTrainer):
         policy = self.accelerator.unwrap_model(self.model)
         rank = self.accelerator.process_index
         self.rollout = Orchestrator(
-            experiment, TransformersBackend(policy, processing_class, model_id="policy",
-                                            max_batch_size=args.max_concurrency),
+            experiment, build_policy_backend(experiment.model, policy, processing_class, seed=args.seed,
+                                             max_batch_size=args.max_concurrency, endpoints=experiment.endpoints),
             policy_model=policy, device=self.accelerator.device, seed=args.seed, rank=rank,
             groups_per_step=args.groups_per_step, max_concurrency=args.max_concurrency,
             sampling=SamplingParams(temperature=args.temperature, top_p=args.top_p,

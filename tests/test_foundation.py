@@ -35,8 +35,8 @@ def test_multi_turn_traces_are_token_exact(backend):
     seen = []
     original = backend.generate
 
-    async def spy(prompt_ids, params):
-        gen = await original(prompt_ids, params)
+    async def spy(prompt_ids, params, messages=None):
+        gen = await original(prompt_ids, params, messages)
         seen.append((list(prompt_ids), gen.token_ids))
         return gen
 

@@ -101,7 +101,7 @@ def test_read_policy_contexts_match_play(tiny):
     contexts = []
     check = tok.encode("check")
 
-    async def always_check(ids, params):  # the policy seat: records its context, replies "check"
+    async def always_check(ids, params, messages=None):  # the policy seat: records its context, replies "check"
         contexts.append(list(ids))
         return mrl.Generation(check, [0.0] * len(check), "length")
 

@@ -218,6 +218,7 @@ def is_trained(episode: Episode, trace: Trace, roles: set[str] | None) -> bool:
     return (
         episode.ok
         and trace.trainable
+        and trace.token_exact
         and trace.error is None
         and (roles is None or trace.role in roles)
     )

@@ -4,7 +4,12 @@
 
 - ``"policy"``: the live policy the trainer passes in;
 - ``"tiny"``, a Hub id or a local path: a frozen transformers model, loaded once per process and
-  device however many seats and teachers name it.
+  device however many seats and teachers name it;
+- ``"vllm:URL#MODEL"``, ``"openai:URL#MODEL"`` or ``"endpoint:NAME"``: a model served elsewhere
+  (:mod:`.endpoint`), one client per reference.
+
+:func:`build_policy_backend` builds the trained policy's: the live model itself (transformers), an
+in-process vLLM engine (:mod:`.vllm_colocated`) or a vLLM server (``[model] backend = "vllm"``).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from .base import Generation, GenerationBackend, SamplingParams, check_context
+from .endpoint import EndpointBackend, EndpointConfig, is_endpoint_reference, parse_reference
 from .transformers import TransformersBackend
 
 POLICY = "policy"
@@ -19,8 +25,9 @@ POLICY = "policy"
 _FROZEN: dict[tuple[str, str], GenerationBackend] = {}
 
 
-def build_backend(model: str, *, device: Any = None, policy: GenerationBackend | None = None) -> GenerationBackend:
-    """The backend serving ``model`` (see the module docstring); frozen ones are cached by (model, device).
+def build_backend(model: str, *, device: Any = None, policy: GenerationBackend | None = None,
+                  endpoints: dict[str, EndpointConfig] | None = None) -> GenerationBackend:
+    """The backend serving ``model`` (see the module docstring); cached by (model, device) or by reference.
 
     >>> backend = build_backend("tiny")  # doctest: +SKIP
     """
@@ -29,6 +36,12 @@ def build_backend(model: str, *, device: Any = None, policy: GenerationBackend |
             raise ValueError("model='policy' binds a seat to the live policy, which only a trainer (or an "
                              "Orchestrator given a policy) provides")
         return policy
+    if is_endpoint_reference(model):
+        config = parse_reference(model, endpoints)
+        key = (config.model_dump_json(), "endpoint")
+        if key not in _FROZEN:
+            _FROZEN[key] = EndpointBackend(config, model_id=model)
+        return _FROZEN[key]
     import torch
 
     from ..models import load_model_and_tokenizer
@@ -42,5 +55,30 @@ def build_backend(model: str, *, device: Any = None, policy: GenerationBackend |
     return _FROZEN[key]
 
 
-__all__ = ["Generation", "GenerationBackend", "SamplingParams", "TransformersBackend", "build_backend",
-           "check_context"]
+def build_policy_backend(model_config: Any, live_model: Any, tokenizer: Any, *, max_batch_size: int = 256,
+                         seed: int = 0, endpoints: dict[str, EndpointConfig] | None = None) -> GenerationBackend:
+    """The trained policy's backend from ``[model]`` (a ``ModelConfig``): ``backend = "transformers"`` serves the
+    live module itself; ``"vllm"`` an in-process engine (``vllm.mode = "colocate"``) or a server
+    (``"server"``, ``vllm.base_url``), both fed the trainer's weights after every optimizer step."""
+    if model_config.backend == "transformers":
+        return TransformersBackend(live_model, tokenizer, model_id=POLICY, max_batch_size=max_batch_size)
+    from ..models import resolve_model
+
+    options = model_config.vllm
+    path = resolve_model(model_config.name)
+    if options.mode == "colocate":
+        from .vllm_colocated import VLLMColocatedBackend
+
+        backend = VLLMColocatedBackend(
+            path, tokenizer, max_model_len=options.max_model_len, gpu_memory_utilization=options.gpu_memory_utilization,
+            kv_cache_memory_bytes=options.kv_cache_memory_bytes, seed=seed, max_batch_size=max_batch_size)
+    else:
+        served = EndpointConfig(kind="vllm", base_url=options.base_url, model=options.served_model or path,
+                                api_key_env=options.api_key_env, timeout=options.timeout,
+                                max_concurrency=options.max_concurrency, max_context=options.max_model_len)
+        backend = EndpointBackend(served, tokenizer=tokenizer, model_id=POLICY)
+    return backend
+
+
+__all__ = ["EndpointBackend", "EndpointConfig", "Generation", "GenerationBackend", "SamplingParams",
+           "TransformersBackend", "build_backend", "build_policy_backend", "check_context"]

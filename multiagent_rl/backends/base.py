@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -43,11 +45,16 @@ FinishReason = Literal["stop", "stop_string", "length"]
 
 @dataclass
 class Generation:
-    """One sampled reply. ``logprobs[i]`` is log π(token_ids[i]) under the sampling temperature."""
+    """One sampled reply. ``logprobs[i]`` is log π(token_ids[i]) under the sampling temperature.
+
+    ``exact`` is False when the tokens are a re-tokenisation of text the model returned (a chat endpoint),
+    not the ids it sampled: such a reply has no logprobs and must not be trained on.
+    """
 
     token_ids: list[int]
     logprobs: list[float] | None
     finish_reason: FinishReason
+    exact: bool = True
 
 
 class GenerationBackend(Protocol):
@@ -68,8 +75,10 @@ class GenerationBackend(Protocol):
     """True when its sampling logprobs are the trainer's own (same weights, same numerics); otherwise a policy
     served by it gets the truncated importance-sampling correction."""
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
-        """Sample a reply to ``prompt_ids``: its token ids and their logprobs at ``params.temperature``."""
+    async def generate(self, prompt_ids: list[int], params: SamplingParams,
+                       messages: list[dict] | None = None) -> Generation:
+        """Sample a reply to ``prompt_ids`` (``messages``: the same conversation as chat messages, for text
+        endpoints): its token ids and their logprobs at ``params.temperature``."""
 
     async def score(
         self,
@@ -91,3 +100,65 @@ def check_context(prompt_tokens: int, max_new_tokens: int, limit: int | None, mo
             f"prompt of {prompt_tokens} tokens + max_new_tokens {max_new_tokens} exceeds the context of model "
             f"{model_id!r} ({limit} positions); shorten the prompt or the conversation, or lower max_new_tokens"
         )
+
+
+@dataclass
+class _Request:
+    prompt_ids: list[int]
+    params: SamplingParams
+    future: asyncio.Future
+
+
+class TickBatcher:
+    """Serves ``generate`` requests in batches: those that arrive in the same event-loop tick are served by one
+    call of :meth:`generate_batch` per distinct sampling setting (at most ``max_batch_size`` prompts each), so
+    64 concurrent episodes cost about one model call per turn instead of 64. Subclasses set ``max_context``,
+    ``model_id``, ``max_batch_size`` and ``gather_ticks`` and implement ``generate_batch``."""
+
+    max_context: int | None = None
+    max_batch_size: int = 256
+    gather_ticks: int = 3
+
+    def __init__(self) -> None:
+        self._pending: list[_Request] = []
+        self._worker: asyncio.Task | None = None
+
+    def generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        raise NotImplementedError
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, messages=None) -> Generation:
+        if not prompt_ids:
+            raise ValueError("generate() needs at least one prompt token")
+        check_context(len(prompt_ids), params.max_new_tokens, self.max_context, self.model_id)
+        future = asyncio.get_running_loop().create_future()
+        self._pending.append(_Request(list(prompt_ids), params, future))
+        if self._worker is None or self._worker.done():
+            self._worker = asyncio.ensure_future(self._serve())
+        return await future
+
+    async def _serve(self) -> None:
+        while self._pending:
+            # Let every episode that is about to ask for tokens reach its generate() call first.
+            stable, seen = 0, -1
+            while stable < self.gather_ticks:
+                await asyncio.sleep(0)
+                stable = stable + 1 if len(self._pending) == seen else 0
+                seen = len(self._pending)
+            batch, self._pending = self._pending, []
+            groups: dict[SamplingParams, list[_Request]] = defaultdict(list)
+            for req in batch:
+                if not req.future.cancelled():
+                    groups[req.params].append(req)
+            for params, reqs in groups.items():
+                for start in range(0, len(reqs), self.max_batch_size):
+                    chunk = reqs[start : start + self.max_batch_size]
+                    try:
+                        results = self.generate_batch([r.prompt_ids for r in chunk], params)
+                    except Exception as exc:  # surface the error in every waiting episode, keep serving
+                        for r in chunk:
+                            if not r.future.done():
+                                r.future.set_exception(exc)
+                        continue
+                    for r, res in zip(chunk, results):
+                        if not r.future.done():
+                            r.future.set_result(res)

@@ -8,25 +8,15 @@ of 64. Logprobs come from the raw logits of the very forward passes that sampled
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-from collections import defaultdict
-from dataclasses import dataclass
 
 import torch
 
 from ..scoring import eval_mode, model_device, token_logprobs
-from .base import Generation, SamplingParams, check_context
+from .base import Generation, SamplingParams, TickBatcher
 
 
-@dataclass
-class _Request:
-    prompt_ids: list[int]
-    params: SamplingParams
-    future: asyncio.Future
-
-
-class TransformersBackend:
+class TransformersBackend(TickBatcher):
     """Serve a (live or frozen) transformers causal LM to many agents at once.
 
     The trainer's policy backend wraps the very module being trained, so its weights are always
@@ -41,6 +31,7 @@ class TransformersBackend:
     """Its logprobs come from the trainer's own forward passes: no sampler/trainer mismatch to correct."""
 
     def __init__(self, model, tokenizer, model_id: str = "policy", max_batch_size: int = 256, gather_ticks: int = 3):
+        super().__init__()
         self.model = model
         self.tokenizer = tokenizer
         self.model_id = model_id
@@ -52,18 +43,6 @@ class TransformersBackend:
         """Most positions the model takes (prompt + reply); None when the model does not say."""
         self.num_generate_calls = 0
         self.num_requests = 0
-        self._pending: list[_Request] = []
-        self._worker: asyncio.Task | None = None
-
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
-        if not prompt_ids:
-            raise ValueError("generate() needs at least one prompt token")
-        check_context(len(prompt_ids), params.max_new_tokens, self.max_context, self.model_id)
-        future = asyncio.get_running_loop().create_future()
-        self._pending.append(_Request(list(prompt_ids), params, future))
-        if self._worker is None or self._worker.done():
-            self._worker = asyncio.ensure_future(self._serve())
-        return await future
 
     async def score(self, sequences, allowed=None, temperatures=None) -> list[list[float | None]]:
         return token_logprobs(self.model, sequences, batch_size=16, allowed=allowed, temperatures=temperatures)
@@ -71,33 +50,6 @@ class TransformersBackend:
     def sync_weights(self, model) -> None:
         if model is not self.model:
             self.model.load_state_dict(model.state_dict())
-
-    async def _serve(self) -> None:
-        while self._pending:
-            # Let every episode that is about to ask for tokens reach its generate() call first.
-            stable, seen = 0, -1
-            while stable < self.gather_ticks:
-                await asyncio.sleep(0)
-                stable = stable + 1 if len(self._pending) == seen else 0
-                seen = len(self._pending)
-            batch, self._pending = self._pending, []
-            groups: dict[SamplingParams, list[_Request]] = defaultdict(list)
-            for req in batch:
-                if not req.future.cancelled():
-                    groups[req.params].append(req)
-            for params, reqs in groups.items():
-                for start in range(0, len(reqs), self.max_batch_size):
-                    chunk = reqs[start : start + self.max_batch_size]
-                    try:
-                        results = self.generate_batch([r.prompt_ids for r in chunk], params)
-                    except Exception as exc:  # surface the error in every waiting episode, keep serving
-                        for r in chunk:
-                            if not r.future.done():
-                                r.future.set_exception(exc)
-                        continue
-                    for r, res in zip(chunk, results):
-                        if not r.future.done():
-                            r.future.set_result(res)
 
     @torch.no_grad()
     def generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:

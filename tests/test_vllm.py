@@ -1,0 +1,279 @@
+"""Generation at scale, against a real vLLM on this CPU (the CI's vLLM stage runs this file in its own venv).
+
+A vLLM server (OpenAI-compatible, ``--logprobs-mode processed_logprobs --max-logprobs -1``, this package's
+weight-sync worker extension) serves the embedded tiny model on loopback for the whole module; the oracle is
+the transformers model with the same weights. Skipped where vLLM is not installed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+import torch
+
+vllm = pytest.importorskip("vllm")
+
+import multiagent_rl as mrl  # noqa: E402
+from multiagent_rl.backends import EndpointBackend, EndpointConfig, SamplingParams, build_backend  # noqa: E402
+from multiagent_rl.config import ExperimentConfig  # noqa: E402
+from multiagent_rl.env import SingleAgentEnv, play_episodes, run_sync  # noqa: E402
+from multiagent_rl.envs.kuhn_poker import KuhnPokerEnv, random_policy  # noqa: E402
+from multiagent_rl.health import RunStopped  # noqa: E402
+from multiagent_rl.models import load_model_and_tokenizer, resolve_model  # noqa: E402
+from multiagent_rl.scoring import token_logprobs  # noqa: E402
+from multiagent_rl.trainer import MixedAlgorithmConfig, MixedAlgorithmTrainer  # noqa: E402
+
+TOL = 1e-3
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(model_path: str, log_path) -> tuple[subprocess.Popen, str]:
+    port = _free_port()
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_SERVER_DEV_MODE": "1", "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path, "--dtype", "float32",
+           "--max-model-len", "512", "--host", "127.0.0.1", "--port", str(port), "--seed", "0",
+           "--logprobs-mode", "processed_logprobs", "--max-logprobs", "-1",
+           "--worker-extension-cls", "multiagent_rl.backends.vllm_sync.WeightSyncExtension"]
+    log = open(log_path, "w")
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        assert proc.poll() is None, open(log_path).read()[-4000:]
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return proc, f"http://127.0.0.1:{port}/v1"
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    proc.kill()
+    raise RuntimeError(f"the vLLM server did not start within 300 s: {open(log_path).read()[-4000:]}")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def tiny_path() -> str:
+    return resolve_model("tiny")
+
+
+@pytest.fixture(scope="module")
+def server(tiny_path, tmp_path_factory):
+    proc, url = start_server(tiny_path, tmp_path_factory.mktemp("vllm") / "server.log")
+    yield url
+    stop_server(proc)
+
+
+@pytest.fixture(scope="module")
+def oracle(tiny_path):
+    model, tok = load_model_and_tokenizer("tiny", device="cpu")
+    return model.eval(), tok
+
+
+def endpoint(server, tiny_path, **kw) -> EndpointBackend:
+    return EndpointBackend(EndpointConfig(kind="vllm", base_url=server, model=tiny_path, tokenizer="tiny", **kw))
+
+
+def prompts(tok, n=8):
+    return [tok.apply_chat_template([{"role": "user", "content": f"Count to {k}, please."}], tokenize=False,
+                                    add_generation_prompt=True) for k in range(n)]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_endpoint_replies_are_token_exact_with_the_trainers_logprobs(server, tiny_path, oracle, temperature):
+    model, tok = oracle
+    backend = endpoint(server, tiny_path)
+    ids = [tok.encode(p, add_special_tokens=False) for p in prompts(tok)]
+
+    async def sample():
+        return await asyncio.gather(*(backend.generate(p, SamplingParams(max_new_tokens=8, temperature=temperature,
+                                                                           seed=k)) for k, p in enumerate(ids)))
+
+    gens = run_sync(sample())
+    worst = 0.0
+    for p, g in zip(ids, gens):
+        assert g.exact and 1 <= len(g.token_ids) <= 8 and len(g.logprobs) == len(g.token_ids)
+        (scores,) = token_logprobs(model, [p + g.token_ids], temperatures=[[temperature] * (len(p) + len(g.token_ids))])
+        worst = max(worst, max(abs(a - b) for a, b in zip(scores[len(p):], g.logprobs)))
+    assert worst < TOL, worst
+    again = run_sync(backend.generate(ids[0], SamplingParams(max_new_tokens=8, temperature=temperature, seed=0)))
+    assert again.token_ids == gens[0].token_ids  # seeded
+
+
+def test_constrained_choices_through_vllm(server, tiny_path, oracle):
+    """A frozen Kuhn seat served by vLLM under the legal-action harness: every reply is legal and each sampled
+    decision's logprob is the restricted softmax's."""
+    model, tok = oracle
+    seat = mrl.make_agent(mrl.AgentConfig(model=f"vllm:{server}#{tiny_path}"))
+    other = mrl.make_agent(mrl.AgentConfig(model="scripted", policy=random_policy()))
+    tasks = KuhnPokerEnv().sample_tasks(8, __import__("random").Random(0))
+    eps = run_sync(play_episodes(KuhnPokerEnv(legal_choices=True), tasks, {"player_0": seat, "player_1": other},
+                                 seed="0"))
+    assert all(ep.ok for ep in eps), eps[0].errors
+    worst, decisions = 0.0, 0
+    for ep in eps:
+        trace = ep.by_role("player_0")[0]
+        scores = token_logprobs(model, [trace.token_ids], allowed=[trace.allowed_token_ids])[0]
+        for j, (allowed, lp) in enumerate(zip(trace.allowed_token_ids, trace.sampling_logprobs)):
+            if allowed is not None and len(allowed) > 1:
+                decisions += 1
+                assert trace.token_ids[j] in allowed
+                worst = max(worst, abs(scores[j] - lp))
+    assert decisions >= 8 and worst < TOL, worst
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_an_opd_teacher_served_by_vllm_scores_like_a_local_one(server, tiny_path, oracle, temperature):
+    model, tok = oracle
+    served = endpoint(server, tiny_path)
+    local = build_backend("tiny", device="cpu")
+    rng = __import__("random").Random(3)
+    sequences = [[rng.randrange(3, 600) for _ in range(12 + k)] for k in range(4)]
+    temps = [[temperature] * len(s) for s in sequences]
+    allowed = [[None] * (len(s) - 2) + [[s[-2], 5, 7], None] for s in sequences]  # one constrained token each
+    want = run_sync(local.score(sequences, allowed=allowed, temperatures=temps))
+    got = run_sync(served.score(sequences, allowed=allowed, temperatures=temps))
+    worst = max(abs(a - b) for w, g in zip(want, got) for a, b in zip(w[1:], g[1:]))
+    assert worst < TOL, worst
+
+    # and as an opd teacher inside a trainer
+    env = SingleAgentEnv([{"prompt": "Say hi."}], reward=lambda task, trace: 0.0)
+    trainer = MixedAlgorithmTrainer(
+        {"algo": {"type": "opd", "teacher": f"vllm:{server}#{tiny_path}"},
+         "env": [{"id": "s", "instance": env, "group_size": 2}]},
+        args=MixedAlgorithmConfig(output_dir="/tmp/opd_vllm", max_steps=1, report_to=[], save_strategy="no",
+                                  save_episodes=False, max_completion_length=4, groups_per_step=2,
+                                  temperature=temperature, disable_tqdm=True),
+        model=copy.deepcopy(model), processing_class=tok)
+    batch = trainer._generate_and_score_completions(None)
+    w = batch["ref_kl_weights"].bool()
+    with torch.no_grad():
+        live, _ = trainer._token_logps(trainer.model, batch)
+    assert w.any() and (batch["ref_logps"][w] - live[w]).abs().max().item() < TOL  # teacher == student here
+
+
+def test_three_training_steps_against_a_frozen_endpoint_opponent(server, tiny_path, oracle, tmp_path):
+    model, tok = oracle
+    policy = copy.deepcopy(model)
+    before = {n: p.detach().clone() for n, p in policy.named_parameters()}
+    trainer = MixedAlgorithmTrainer(
+        {"algo": {"type": "rae"}, "env": [{"id": "kuhn_poker", "group_size": 4, "args": {"legal_choices": True},
+                                           "roles": {"player_1": {"model": f"vllm:{server}#{tiny_path}"}}}]},
+        args=MixedAlgorithmConfig(output_dir=str(tmp_path), max_steps=3, report_to=[], save_strategy="no",
+                                  save_episodes=False, groups_per_step=4, learning_rate=1e-3, disable_tqdm=True),
+        model=policy, processing_class=tok)
+    trainer.train()
+    assert all(ep.ok for ep in trainer.rollout.last_episodes)
+    opponents = [t for ep in trainer.rollout.last_episodes for t in ep.by_role("player_1")]
+    assert opponents and all(t.model.startswith("vllm:") and not t.trainable and t.token_exact for t in opponents)
+    assert any(not torch.equal(p, before[n]) for n, p in policy.named_parameters())
+
+
+def test_a_chat_endpoint_seat_is_marked_not_token_exact_and_cannot_be_trained(server, tiny_path):
+    os.environ.pop("OPENAI_API_KEY", None)
+    with pytest.raises(ValueError, match="API key in the environment variable OPENAI_API_KEY"):
+        EndpointBackend(EndpointConfig(kind="openai", base_url=server, model="x", tokenizer="tiny"))
+    os.environ["MY_TEST_KEY"] = "not-checked-by-this-server"
+    config = EndpointConfig(kind="openai", base_url=server, model=tiny_path, tokenizer="tiny", api_key_env="MY_TEST_KEY")
+    backend = EndpointBackend(config)
+    assert "not-checked" not in repr(backend) and "not-checked" not in config.model_dump_json()
+    seat = mrl.Agent(mrl.AgentConfig(model="served", sampling={"max_new_tokens": 6}), backend)
+    trace = run_sync(seat.run(mrl.Task(mrl.TaskData(prompt="Hello!"))))
+    assert trace.token_exact is False and trace.sampling_logprobs[-1] is None and trace.last_reply is not None
+    with pytest.raises(ValueError, match="chat endpoint .* cannot be trained on"):
+        ExperimentConfig.model_validate({"env": [{"id": "kuhn_poker", "roles": {"player_1": {
+            "model": f"openai:{server}#x", "algo": {"type": "sft"}}}}]})
+    named = ExperimentConfig.model_validate({
+        "endpoints": {"judge": {"kind": "vllm", "base_url": server, "model": tiny_path, "tokenizer": "tiny"}},
+        "env": [{"id": "kuhn_poker", "roles": {"player_1": {"model": "endpoint:judge"}}}]})
+    assert named.endpoints["judge"].base_url == server
+    with pytest.raises(ValueError, match="names endpoint 'nope'"):
+        ExperimentConfig.model_validate({"env": [{"id": "kuhn_poker", "roles": {"player_1": {"model": "endpoint:nope"}}}]})
+
+
+def _policy_matches_trainer(trainer, tok) -> float:
+    ids = [tok.encode(p, add_special_tokens=False) for p in prompts(tok, 4)]
+    async def sample():
+        return await asyncio.gather(*(trainer.rollout.policy.generate(p, SamplingParams(max_new_tokens=6, seed=k))
+                                      for k, p in enumerate(ids)))
+
+    gens = run_sync(sample())
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    worst = 0.0
+    for p, g in zip(ids, gens):
+        (scores,) = token_logprobs(model, [p + g.token_ids])
+        worst = max(worst, max(abs(a - b) for a, b in zip(scores[len(p):], g.logprobs)))
+    return worst
+
+
+@pytest.mark.parametrize("mode", ["colocate", "server"])
+def test_a_vllm_policy_is_synced_after_every_step(mode, server, tiny_path, oracle, tmp_path):
+    model, tok = oracle
+    env = SingleAgentEnv([{"prompt": f"Count to {n}."} for n in range(6)],
+                         reward=lambda task, trace: float(len(trace.last_reply) % 4))
+    vllm_options = {"mode": mode, "max_model_len": 512} | ({"base_url": server} if mode == "server" else {})
+    trainer = MixedAlgorithmTrainer(
+        {"algo": {"type": "grpo"}, "model": {"name": "tiny", "backend": "vllm", "vllm": vllm_options},
+         "env": [{"id": "s", "instance": env, "group_size": 4}]},
+        args=MixedAlgorithmConfig(output_dir=str(tmp_path), max_steps=3, report_to=[], save_strategy="no",
+                                  save_episodes=False, groups_per_step=3, learning_rate=3e-3, max_completion_length=6,
+                                  disable_tqdm=True),
+        model=copy.deepcopy(model), processing_class=tok)
+    calls = []
+    original = trainer.rollout.policy.sync_weights
+    trainer.rollout.policy.sync_weights = lambda m: (calls.append(trainer.state.global_step), original(m))
+    trainer.train()
+    assert calls == [0, 1, 2]  # once per optimizer step, before sampling
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    for h in logs:  # the sampler/trainer mismatch is measured and small on the same weights
+        assert abs(h["sampling/importance_sampling_ratio/mean"] - 1) < 1e-3
+    trainer._sync_policy()  # the weights after the last step
+    assert _policy_matches_trainer(trainer, tok) < TOL
+    if mode == "server":  # give the module's server its original weights back
+        trainer.rollout.policy.sync_weights(model)
+
+
+def test_a_killed_server_fails_its_episodes_and_the_run_stops(tiny_path, oracle, tmp_path):
+    model, tok = oracle
+    proc, url = start_server(tiny_path, tmp_path / "server.log")
+    opponent = {"model": "endpoint:opp"}
+    trainer = MixedAlgorithmTrainer(
+        {"algo": {"type": "rae"}, "endpoints": {"opp": {"base_url": url, "model": tiny_path, "tokenizer": "tiny",
+                                                         "timeout": 5, "max_retries": 1}},
+         "env": [{"id": "kuhn_poker", "group_size": 2, "args": {"legal_choices": True}, "roles": {"player_1": opponent}}]},
+        args=MixedAlgorithmConfig(output_dir=str(tmp_path / "run"), max_steps=20, report_to=[], save_strategy="no",
+                                  save_episodes=False, groups_per_step=2, max_failed_steps=2, disable_tqdm=True),
+        model=copy.deepcopy(model), processing_class=tok)
+    original = trainer.rollout.play
+
+    def play(step):
+        if step == 2:
+            stop_server(proc)  # the server dies between steps
+        return original(step)
+
+    trainer.rollout.play = play
+    started = time.time()
+    with pytest.raises(RunStopped, match=r"every episode of env 'kuhn_poker' failed in 2 consecutive steps.*"
+                                         r"(APIConnectionError|Connection)"):
+        trainer.train()
+    assert trainer.state.global_step == 3 and time.time() - started < 120  # nothing hung
