@@ -1,4 +1,5 @@
-"""Rollout throughput: concurrent multi-turn episodes batched into shared ``generate`` calls vs one at a time.
+"""Rollout throughput: concurrent multi-turn episodes batched into shared ``generate`` calls vs one at a time,
+and the transformers backend vs vLLM.
 
 Plays N episodes of a T-turn chat env with the embedded tiny model twice, on the same model and
 sampling settings:
@@ -8,9 +9,16 @@ sampling settings:
 - ``sequential``: one episode at a time (``max_concurrency=1``), one ``generate`` call per turn.
 
 Every reply samples exactly ``--max-new-tokens`` tokens (the end-of-sequence tokens are masked out
-of the model's logits for this benchmark), so both modes do the same generation work.
+of the model's logits for this comparison), so both modes do the same generation work.
+
+``--backends transformers,vllm-colocate,vllm-server --concurrency 64,256`` instead compares the policy
+backends: every episode of each row at once, episodes/s and sampled tokens/s (replies stop at the
+end-of-turn token, so tokens/s is the fair measure). ``vllm-colocate`` is an in-process engine,
+``vllm-server`` a server on loopback started by this script. On a GPU machine the same command is the
+GPU benchmark (``--model`` a local path of a real model).
 
     MULTIAGENT_RL_CACHE=/tmp/mrlcache HF_HUB_OFFLINE=1 python bench/rollout_throughput.py
+    python bench/rollout_throughput.py --backends transformers,vllm-colocate,vllm-server --concurrency 64,256
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch  # noqa: E402
 
 from multiagent_rl import (  # noqa: E402
-    Agent, AgentConfig, Env, SamplingParams, Task, TaskData, TransformersBackend, play_episodes,
+    Agent, AgentConfig, Env, SamplingParams, Task, TaskData, TransformersBackend, play_episodes, run_sync,
 )
 from multiagent_rl.models import load_model_and_tokenizer  # noqa: E402
 
@@ -80,6 +88,95 @@ def play(mode: str, model, tok, tasks, env, sampling: SamplingParams, concurrenc
     }
 
 
+def make_backend(kind: str, model, tok, path: str, servers: list):
+    if kind == "transformers":
+        return TransformersBackend(model, tok, model_id="policy")
+    if kind == "vllm-colocate":
+        from multiagent_rl.backends.vllm_colocated import VLLMColocatedBackend
+
+        return VLLMColocatedBackend(path, tok, max_model_len=1024, kv_cache_memory_bytes=512 << 20)
+    if kind == "vllm-server":
+        from multiagent_rl.backends import EndpointBackend, EndpointConfig
+        from multiagent_rl.backends.vllm_server import start_vllm_server
+
+        process, url = start_vllm_server(path, log_path="bench_vllm_server.log", max_model_len=1024)
+        servers.append(process)
+        return EndpointBackend(EndpointConfig(base_url=url, model=path, max_concurrency=512), tokenizer=tok)
+    raise ValueError(f"unknown backend {kind!r}: transformers, vllm-colocate or vllm-server")
+
+
+def raw_vllm(path: str, tok, concurrencies: list[int], sampling: SamplingParams) -> list[dict]:
+    from vllm import LLM
+    from vllm import SamplingParams as VLLMParams
+    from vllm.inputs import TokensPrompt
+
+    llm = LLM(model=path, max_model_len=1024, seed=0, enforce_eager=True,
+              **({} if torch.cuda.is_available() else {"dtype": "float32", "kv_cache_memory_bytes": 512 << 20}))
+    params = VLLMParams(temperature=sampling.temperature, max_tokens=sampling.max_new_tokens)
+    rows = []
+    for n in concurrencies:
+        prompts = [TokensPrompt(prompt_token_ids=tok.apply_chat_template(
+            [{"role": "user", "content": f"Episode {i} (raw): tell me a short story."}], tokenize=True,
+            add_generation_prompt=True)["input_ids"]) for i in range(n)]
+        llm.generate(prompts[:4], params, use_tqdm=False)
+        start = time.perf_counter()
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        seconds = time.perf_counter() - start
+        tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+        rows.append({"backend": "vllm-raw", "concurrency": n, "seconds": seconds, "episodes_per_s": n / seconds,
+                     "tokens_per_s": tokens / seconds})
+    del llm
+    return rows
+
+
+def compare_backends(kinds: list[str], concurrencies: list[int], args) -> list[dict]:
+    from multiagent_rl.models import resolve_model
+
+    path = resolve_model(args.model)
+    model, tok = load_model_and_tokenizer(args.model)
+    model.eval().requires_grad_(False)
+    sampling = SamplingParams(temperature=args.temperature, max_new_tokens=args.max_new_tokens)
+    env = MultiTurnChat(args.turns)
+    rows, servers = [], []
+    try:
+        for kind in kinds:
+            if kind == "vllm-raw":  # vLLM alone: the same first-turn prompts straight into LLM.generate
+                rows += raw_vllm(path, tok, concurrencies, sampling)
+                continue
+            backend = make_backend(kind, model, tok, path, servers)
+            agent = Agent(AgentConfig(model="policy", sampling=sampling), backend)
+            run_episodes = lambda n, tag: run_sync(play_episodes(  # noqa: E731
+                env, [Task(TaskData(prompt=f"Episode {i} ({tag}): tell me a short story.")) for i in range(n)],
+                {"agent": agent}, max_concurrency=n))
+            run_episodes(4, "warm-up")
+            for n in concurrencies:
+                start = time.perf_counter()
+                episodes = run_episodes(n, kind)
+                seconds = time.perf_counter() - start
+                failed = [ep for ep in episodes if not ep.ok]
+                if failed:
+                    raise RuntimeError(f"{kind}: {len(failed)} episodes failed: {failed[0].errors[0]}")
+                tokens = sum(t.num_action_tokens for ep in episodes for t in ep.traces)
+                rows.append({"backend": kind, "concurrency": n, "seconds": seconds, "episodes_per_s": n / seconds,
+                             "tokens_per_s": tokens / seconds})
+            if hasattr(backend, "llm"):
+                del backend.llm
+    finally:
+        from multiagent_rl.backends.vllm_server import stop_vllm_server
+
+        for process in servers:
+            stop_vllm_server(process)
+    device = next(model.parameters()).device
+    print(f"policy backends: {args.model} on {device}, {args.turns} turns x up to {args.max_new_tokens} new tokens "
+          f"per episode, all episodes of a row at once")
+    print(f"{'backend':<16}{'episodes':>10}{'seconds':>10}{'episodes/s':>12}{'tokens/s':>11}")
+    for r in rows:
+        print(f"{r['backend']:<16}{r['concurrency']:>10}{r['seconds']:>10.2f}{r['episodes_per_s']:>12.2f}"
+              f"{r['tokens_per_s']:>11.0f}")
+    print("reproduce: " + " ".join(["python", "bench/rollout_throughput.py", *map(shlex.quote, sys.argv[1:])]))
+    return rows
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--episodes", type=int, default=64, help="episodes per mode (all concurrent in batched mode)")
@@ -88,10 +185,18 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--backends", default=None,
+                        help="compare policy backends instead: transformers,vllm-colocate,vllm-server,vllm-raw "
+                             "(vllm-raw: LLM.generate alone on the same first-turn prompts)")
+    parser.add_argument("--concurrency", default="64,256", help="episodes in flight per row (with --backends)")
+    parser.add_argument("--model", default="tiny", help="with --backends: 'tiny' or a local model path")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
+    if args.backends:
+        return {"rows": compare_backends(args.backends.split(","), [int(n) for n in args.concurrency.split(",")],
+                                         args)}
 
     model, tok = load_model_and_tokenizer("tiny")
     model.eval().requires_grad_(False)

@@ -42,12 +42,13 @@ from multiagent_rl.trainer import MixedAlgorithmTrainer, TrainingInterrupted  # 
 
 WARMUP_POLICY = "multiagent_rl.envs.kuhn_poker:random_mixed_policy"
 
-DEFAULTS = dict(model="tiny", algo="rae", steps=500, warmup_steps=100, group_size=8, groups_per_step=32, lr=3e-4,
-                warmup_lr=3e-3, entropy_coef=None, output_dir="outputs/kuhn_poker", seed=0, report_to=[])
+DEFAULTS = dict(model="tiny", backend="transformers", vllm_mode="colocate", vllm_url=None, algo="rae", steps=500,
+                warmup_steps=100, group_size=8, groups_per_step=32, lr=3e-4, warmup_lr=3e-3, entropy_coef=None,
+                output_dir="outputs/kuhn_poker", seed=0, report_to=[])
 # Flags that rewrite a --config file's settings, and where they go.
 OVERRIDES = {"steps": "max_steps", "lr": "learning_rate", "seed": "seed", "report_to": "report_to",
              "groups_per_step": "groups_per_step", "entropy_coef": "entropy_coef", "output_dir": "output_dir"}
-NOT_WITH_CONFIG = ("warmup_steps", "warmup_lr", "free_text")
+NOT_WITH_CONFIG = ("warmup_steps", "warmup_lr", "free_text", "backend", "vllm_mode", "vllm_url")
 
 
 def experiment(args) -> ExperimentConfig:
@@ -63,7 +64,8 @@ def experiment(args) -> ExperimentConfig:
                         "roles": {"player_0": warmup_seat, "player_1": warmup_seat}})
     return ExperimentConfig.model_validate({
         "algo": _algo(args.algo),
-        "model": {"name": args.model},
+        "model": {"name": args.model, "backend": args.backend,
+                  "vllm": {"mode": args.vllm_mode, **({"base_url": args.vllm_url} if args.vllm_url else {})}},
         "env": envs,
         "trainer": {
             "output_dir": args.output_dir,
@@ -113,6 +115,9 @@ def _algo(name: str) -> dict:
 def parse(argv=None) -> tuple[argparse.Namespace, set[str]]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", help="'tiny' (embedded, CPU), a hub id or a local path (default tiny)")
+    p.add_argument("--backend", choices=("transformers", "vllm"), help="what samples the policy (default transformers)")
+    p.add_argument("--vllm-mode", choices=("colocate", "server"), help="with --backend vllm (default colocate)")
+    p.add_argument("--vllm-url", help="with --vllm-mode server: the server's API root, e.g. http://127.0.0.1:8000/v1")
     p.add_argument("--algo", help="rae (default) | grpo | grpo_std (grpo with std scaling) | max_rl | ...")
     p.add_argument("--steps", type=int, help="training steps, warm-up included (default 500)")
     p.add_argument("--warmup-steps", type=int, help="sft steps imitating a random mixed strategy (default 100)")

@@ -10,13 +10,9 @@ from __future__ import annotations
 import asyncio
 import copy
 import os
-import signal
-import socket
 import subprocess
-import sys
 import time
 
-import httpx
 import pytest
 import torch
 
@@ -24,6 +20,7 @@ vllm = pytest.importorskip("vllm")
 
 import multiagent_rl as mrl  # noqa: E402
 from multiagent_rl.backends import EndpointBackend, EndpointConfig, SamplingParams, build_backend  # noqa: E402
+from multiagent_rl.backends.vllm_server import start_vllm_server, stop_vllm_server  # noqa: E402
 from multiagent_rl.config import ExperimentConfig  # noqa: E402
 from multiagent_rl.env import SingleAgentEnv, play_episodes, run_sync  # noqa: E402
 from multiagent_rl.envs.kuhn_poker import KuhnPokerEnv, random_policy  # noqa: E402
@@ -35,41 +32,12 @@ from multiagent_rl.trainer import MixedAlgorithmConfig, MixedAlgorithmTrainer  #
 TOL = 1e-3
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_server(model_path: str, log_path) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_SERVER_DEV_MODE": "1", "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path, "--dtype", "float32",
-           "--max-model-len", "512", "--host", "127.0.0.1", "--port", str(port), "--seed", "0",
-           "--logprobs-mode", "processed_logprobs", "--max-logprobs", "-1",
-           "--worker-extension-cls", "multiagent_rl.backends.vllm_sync.WeightSyncExtension"]
-    log = open(log_path, "w")
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.time() + 300
-    while time.time() < deadline:
-        assert proc.poll() is None, open(log_path).read()[-4000:]
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return proc, f"http://127.0.0.1:{port}/v1"
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    proc.kill()
-    raise RuntimeError(f"the vLLM server did not start within 300 s: {open(log_path).read()[-4000:]}")
+    return start_vllm_server(model_path, log_path=log_path, max_model_len=512, env={"OMP_NUM_THREADS": "1"})
 
 
-def stop_server(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+def stop_server(process: subprocess.Popen) -> None:
+    stop_vllm_server(process)
 
 
 @pytest.fixture(scope="module")
