@@ -110,9 +110,10 @@ def raw_vllm(path: str, tok, concurrencies: list[int], sampling: SamplingParams)
     from vllm import SamplingParams as VLLMParams
     from vllm.inputs import TokensPrompt
 
-    llm = LLM(model=path, max_model_len=1024, seed=0, enforce_eager=True,
+    llm = LLM(model=path, max_model_len=1024, seed=0, enforce_eager=True, logprobs_mode="processed_logprobs",
               **({} if torch.cuda.is_available() else {"dtype": "float32", "kv_cache_memory_bytes": 512 << 20}))
-    params = VLLMParams(temperature=sampling.temperature, max_tokens=sampling.max_new_tokens)
+    # the same work the policy backend asks for: the sampled tokens' logprobs (training needs them)
+    params = VLLMParams(temperature=sampling.temperature, max_tokens=sampling.max_new_tokens, logprobs=0)
     rows = []
     for n in concurrencies:
         prompts = [TokensPrompt(prompt_token_ids=tok.apply_chat_template(
@@ -187,7 +188,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--backends", default=None,
                         help="compare policy backends instead: transformers,vllm-colocate,vllm-server,vllm-raw "
-                             "(vllm-raw: LLM.generate alone on the same first-turn prompts)")
+                             "(vllm-raw: LLM.generate alone on the same first-turn prompts, with logprobs)")
     parser.add_argument("--concurrency", default="64,256", help="episodes in flight per row (with --backends)")
     parser.add_argument("--model", default="tiny", help="with --backends: 'tiny' or a local model path")
     args = parser.parse_args(argv)
