@@ -181,6 +181,7 @@ def test_a_chat_endpoint_seat_is_marked_not_token_exact_and_cannot_be_trained(se
 
 def _policy_matches_trainer(trainer, tok) -> float:
     ids = [tok.encode(p, add_special_tokens=False) for p in prompts(tok, 4)]
+
     async def sample():
         return await asyncio.gather(*(trainer.rollout.policy.generate(p, SamplingParams(max_new_tokens=6, seed=k))
                                       for k, p in enumerate(ids)))
@@ -194,14 +195,16 @@ def _policy_matches_trainer(trainer, tok) -> float:
     return worst
 
 
-@pytest.mark.parametrize("mode", ["colocate", "server"])
-def test_a_vllm_policy_is_synced_after_every_step(mode, server, tiny_path, oracle, tmp_path):
+@pytest.mark.parametrize("mode, lora", [("colocate", False), ("server", False), ("colocate", True)])
+def test_a_vllm_policy_is_synced_after_every_step(mode, lora, server, tiny_path, oracle, tmp_path):
+    """After every optimizer step the vLLM engine samples with the trainer's weights (a LoRA adapter merged)."""
     model, tok = oracle
     env = SingleAgentEnv([{"prompt": f"Count to {n}."} for n in range(6)],
                          reward=lambda task, trace: float(len(trace.last_reply) % 4))
     vllm_options = {"mode": mode, "max_model_len": 512} | ({"base_url": server} if mode == "server" else {})
+    adapter = {"lora": {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}} if lora else {}
     trainer = MixedAlgorithmTrainer(
-        {"algo": {"type": "grpo"}, "model": {"name": "tiny", "backend": "vllm", "vllm": vllm_options},
+        {"algo": {"type": "grpo"}, "model": {"name": "tiny", "backend": "vllm", "vllm": vllm_options, **adapter},
          "env": [{"id": "s", "instance": env, "group_size": 4}]},
         args=MixedAlgorithmConfig(output_dir=str(tmp_path), max_steps=3, report_to=[], save_strategy="no",
                                   save_episodes=False, groups_per_step=3, learning_rate=3e-3, max_completion_length=6,
