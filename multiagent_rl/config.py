@@ -43,6 +43,7 @@ from .backends.endpoint import EndpointConfig, is_endpoint_reference, parse_refe
 
 ENVS: dict[str, str] = {
     "kuhn_poker": "multiagent_rl.envs.kuhn_poker:KuhnPokerEnv",
+    "proposer_solver": "multiagent_rl.envs.proposer_solver:ProposerSolverEnv",
 }
 """Built-in environment ids; any ``"package.module:Class"`` path works too."""
 
@@ -148,6 +149,11 @@ class EnvConfig(_Strict):
             return self.instance
         return import_object(ENVS.get(self.id, self.id))(**self.args)
 
+    def default_algo(self) -> dict[str, Any] | None:
+        """The environment class's own default algorithm (``Env.default_algo``), if it declares one."""
+        env_class = type(self.instance) if self.instance is not None else import_object(ENVS.get(self.id, self.id))
+        return getattr(env_class, "default_algo", None)
+
     def active(self, step: int) -> bool:
         return self.start_step <= step and (self.stop_step is None or step < self.stop_step)
 
@@ -198,8 +204,9 @@ class ModelConfig(_Strict):
 class ExperimentConfig(_Strict):
     """Everything one training run needs."""
 
-    algo: AlgorithmConfig = Field(default_factory=lambda: parse_algorithm_config({"type": "grpo"}))
-    """The default algorithm for every environment and role that does not name its own."""
+    algo: OptionalAlgorithm = None
+    """The algorithm of every environment and role that does not name its own; when unset, each environment's
+    own default (``Env.default_algo``, e.g. ``hierarchical_grpo`` for the proposer–solver env), else ``grpo``."""
     env: list[EnvConfig]
     """The environments in the mix."""
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -207,11 +214,6 @@ class ExperimentConfig(_Strict):
     """Fields of :class:`~multiagent_rl.trainer.MixedAlgorithmConfig` (a TRL ``GRPOConfig``)."""
     endpoints: dict[str, EndpointConfig] = Field(default_factory=dict)
     """Named OpenAI-compatible servers that seats and teachers reach as ``model = "endpoint:NAME"``."""
-
-    @field_validator("algo", mode="before")
-    @classmethod
-    def _algo(cls, v):
-        return parse_algorithm_config(v)
 
     @field_validator("trainer")
     @classmethod
@@ -307,8 +309,13 @@ class ExperimentConfig(_Strict):
         return rc.algo is not None or not ALGORITHMS[self.algorithm_for(env, role).type].samples_from_policy
 
     def algorithm_for(self, env: EnvConfig, role: str | None) -> AlgorithmConfig:
+        """The algorithm of seat ``role``: its own, else the env entry's, else the experiment's ``[algo]``, else the
+        environment class's ``default_algo``, else ``grpo``."""
         rc = env.roles.get(role) if role is not None else None
-        return (rc.algo if rc is not None else None) or env.algo or self.algo
+        chosen = (rc.algo if rc is not None else None) or env.algo or self.algo
+        if chosen is None:
+            chosen = parse_algorithm_config(env.default_algo() or {"type": "grpo"})
+        return chosen
 
     @classmethod
     def from_toml(cls, path: str | Path) -> ExperimentConfig:

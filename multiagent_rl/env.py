@@ -48,6 +48,8 @@ class Env:
 
     name: str = "env"
     roles: tuple[str, ...] = ("agent",)
+    default_algo: dict[str, Any] | None = None
+    """The algorithm config used for this env when neither the config's env entry nor ``[algo]`` names one."""
 
     def setup(self, seats: dict[str, Seat]) -> None:
         """Called once, before any episode, with the seats as bound (the same kind of object ``run`` gets;

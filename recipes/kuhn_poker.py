@@ -177,7 +177,7 @@ def main(argv=None) -> dict:
     model = trainer.accelerator.unwrap_model(trainer.model)
     summary = {
         "command": "python recipes/kuhn_poker.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "algo": config.algo.model_dump(),
+        "algo": config.algorithm_for(config.env[-1], None).model_dump(),
         "legal_choices": legal_choices,
         "steps": trainer.state.global_step,
         "interrupted": interrupted is not None,
