@@ -30,7 +30,6 @@ import asyncio
 import json
 import random
 import re
-from typing import Any
 
 from ..env import Env
 from ..games.arithmetic import LEVELS, TOPICS, evaluate, level_of, make_problem
@@ -199,29 +198,3 @@ def accurate_solver(accuracy: float = 1.0):
         return str(answer if turn.rng.random() < accuracy else answer + turn.rng.randint(1, 9))
 
     return act
-
-
-def held_out_problems(topic: str = "addition", per_level: int = 64, seed: int = 12345,
-                      levels: list[int] | None = None) -> dict[int, list[tuple[str, int]]]:
-    """A fixed evaluation set per level (1-digit sums have only 100 problems, so level 1's repeats)."""
-    rng = random.Random(seed)
-    return {level: [make_problem(topic, level, rng) for _ in range(per_level)] for level in (levels or sorted(LEVELS))}
-
-
-def solve_accuracy(agent: Any, problems: dict[int, list[tuple[str, int]]]) -> dict[int, float]:
-    """Accuracy per level of ``agent`` (e.g. greedy: ``sampling={"temperature": 0}``) on ``problems``."""
-    from ..agent import single_turn
-    from ..env import run_sync
-
-    async def one(problem: str, answer: int) -> float:
-        trace = await single_turn(agent.interaction(Task(TaskData(prompt=solver_prompt(problem)))))
-        return float(last_integer(trace.last_reply or "") == answer)
-
-    async def all_levels() -> dict[int, float]:
-        out = {}
-        for level, items in problems.items():
-            scores = await asyncio.gather(*(one(p, a) for p, a in items))
-            out[level] = sum(scores) / len(scores)
-        return out
-
-    return run_sync(all_levels())

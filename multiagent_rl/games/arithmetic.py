@@ -1,7 +1,7 @@
 """Arithmetic problems: families with a difficulty knob, and a safe evaluator (the proposer–solver game's rules).
 
-A problem is an integer expression over ``+``, ``-`` and ``*``. Its difficulty is a level: how many digits
-each number has and how many operations join them (:data:`LEVELS`). :func:`evaluate` computes an
+A problem is an integer expression over ``+``, ``-`` and ``*``. Its difficulty is a level: how large its
+numbers may be (from 0–4 up to three digits) and how many operations join them (:data:`LEVELS`). :func:`evaluate` computes an
 expression's value by walking its syntax tree — never ``eval`` — and refuses anything that is not integer
 arithmetic.
 
@@ -25,14 +25,22 @@ from typing import NamedTuple
 
 
 class Level(NamedTuple):
-    """A difficulty level: ``digits`` per number, ``operations`` joining them."""
+    """A difficulty level: numbers from ``low`` to ``high``, ``operations`` joining them."""
 
-    digits: int
+    low: int
+    high: int
     operations: int
 
 
-LEVELS: dict[int, Level] = {1: Level(1, 1), 2: Level(2, 1), 3: Level(1, 2), 4: Level(2, 2), 5: Level(3, 1)}
-"""Difficulty levels, easiest first: 1-digit a+b, 2-digit a+b, three 1-digit terms, three 2-digit terms, 3-digit a+b."""
+LEVELS: dict[int, Level] = {
+    1: Level(0, 4, 1),  # 25 problems per operator: 3 + 4
+    2: Level(0, 9, 1),  # 100: 7 + 8
+    3: Level(0, 9, 2),  # 1,000: 7 + 8 + 2
+    4: Level(10, 99, 1),  # 8,100: 37 + 45
+    5: Level(10, 99, 2),
+    6: Level(100, 999, 1),
+}
+"""Difficulty levels, easiest first (the knob: the numbers' size and the number of operations)."""
 
 TOPICS: dict[str, tuple[str, ...]] = {
     "addition": ("+",),
@@ -53,9 +61,8 @@ def make_problem(topic: str, level: int, rng: random.Random) -> tuple[str, int]:
         raise ValueError(f"unknown topic {topic!r}; topics: {', '.join(TOPICS)}")
     if level not in LEVELS:
         raise ValueError(f"unknown level {level}; levels: {sorted(LEVELS)}")
-    digits, operations = LEVELS[level]
-    low = 0 if digits == 1 else 10 ** (digits - 1)
-    numbers = [rng.randint(low, 10**digits - 1) for _ in range(operations + 1)]
+    low, high, operations = LEVELS[level]
+    numbers = [rng.randint(low, high) for _ in range(operations + 1)]
     ops = [rng.choice(TOPICS[topic]) for _ in range(operations)]
     text = str(numbers[0]) + "".join(f" {op} {n}" for op, n in zip(ops, numbers[1:]))
     return text, evaluate(text)
@@ -85,7 +92,7 @@ def evaluate(expression: str) -> int:
 
 
 def level_of(expression: str) -> int | None:
-    """The difficulty level an expression matches (by its numbers' digits and its operation count), or None."""
+    """The easiest level an expression fits (all its numbers in the level's range, the same operation count)."""
     try:
         tree = ast.parse(expression.strip(), mode="eval")
     except SyntaxError:
@@ -94,5 +101,5 @@ def level_of(expression: str) -> int | None:
     operations = sum(isinstance(n, ast.BinOp) for n in ast.walk(tree))
     if not numbers:
         return None
-    shape = Level(max(len(str(abs(n))) for n in numbers), operations)
-    return next((level for level, spec in LEVELS.items() if spec == shape), None)
+    return next((level for level, (low, high, ops) in LEVELS.items()
+                 if ops == operations and all(low <= abs(n) <= high for n in numbers)), None)
