@@ -102,6 +102,11 @@ class MixedAlgorithmTrainer(GRPOTrainer):
         self.interrupt = Interrupt(announce=self.accelerator.is_main_process)
         self._synced_step: int | None = None
 
+    @classmethod
+    def from_toml(cls, path, **kwargs) -> MixedAlgorithmTrainer:
+        """A trainer for the experiment in a TOML file (``ExperimentConfig.from_toml``)."""
+        return cls(ExperimentConfig.from_toml(path), **kwargs)
+
     # -- rollout ----------------------------------------------------------------------------
     def _gather(self, local: list[Episode]) -> tuple[list[Episode], int]:
         # Group credit (and RAE's baselines) see every process's episodes, in rank order.

@@ -43,6 +43,7 @@ def blocks(page: Path, language: str) -> list[tuple[int, str]]:
 
 PYTHON_PAGES = [p for p in PAGES if blocks(p, "python")]
 TOML_BLOCKS = [(p, line, code) for p in PAGES for line, code in blocks(p, "toml")]
+TOML_BLOCKS += [(p, 1, p.read_text()) for p in sorted((ROOT / "recipes" / "configs").glob("*.toml"))]
 
 
 def test_the_pages_have_blocks_to_check():

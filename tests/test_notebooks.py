@@ -22,6 +22,8 @@ NOTEBOOKS: dict[str, tuple[str, ...]] = {
         "loss/rl", "loss/rl/rae", "kuhn_poker/player_0/rae/reward_mean", "player_0 reward=",
     ),
     "notebooks/kuhn_poker_selfplay.ipynb": ("exploitability", "current", "average", "chips_vs_nash_p0"),
+    "notebooks/proposer_solver.ipynb": ("validity after the warm-up", "held-out accuracy", "learnability: proposer",
+                                        "proposer reward="),
 }
 
 TIMEOUT_S = 300
