@@ -21,29 +21,18 @@ import asyncio
 import inspect
 import random
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Callable, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from .backends import GenerationBackend, SamplingParams, build_backend
 from .chat_template import ChatTemplate, check_encodable, choice_steps, next_ids
+from .harness import ChatHarnessConfig, HarnessConfig, ToolHarnessConfig
 from .task import Task
+from .tools import Tool, as_tools, parse_tool_calls, run_tool_call
 from .trace import Trace
 
 SCRIPTED = "scripted"
-
-
-class ChatHarnessConfig(BaseModel):
-    """The chat harness: a conversation rendered with the tokenizer's chat template."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    id: Literal["chat"] = "chat"
-    """The harness: ``chat`` renders the conversation with the tokenizer's chat template."""
-    max_turns: int = Field(16, ge=1)
-    """Most assistant replies in one interaction; one more ``send`` raises :class:`TurnLimitReached`."""
-    system_prompt: str | None = None
-    """Used when the task has no system prompt of its own."""
 
 
 class AgentConfig(BaseModel):
@@ -56,7 +45,7 @@ class AgentConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
 
     model: str = "tiny"
-    harness: ChatHarnessConfig = Field(default_factory=ChatHarnessConfig)
+    harness: HarnessConfig = Field(default_factory=ChatHarnessConfig)
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     policy: Callable[..., Any] | None = None
     """Scripted agents: ``policy(turn: ScriptedTurn) -> str`` (sync or async)."""
@@ -83,6 +72,8 @@ class ScriptedTurn:
     state: Any = None
     choices: tuple[str, ...] | None = None
     """The replies the env allows this turn (``send(..., choices=...)``); None = free text."""
+    tools: tuple[str, ...] = ()
+    """Names of the tools this interaction may call (results arrive as ``{"role": "tool"}`` messages)."""
     rng: random.Random = field(default_factory=random.Random)
     """This seat's random stream for the episode. Under a trainer it is seeded from the run's seed, the
     episode id and the role, so scripted randomness is reproducible and resumes exactly; draw from it
@@ -115,14 +106,16 @@ class Agent:
     async def __aexit__(self, *exc) -> None:
         return None
 
-    def interaction(self, task: Task, rng: random.Random | None = None, **sampling_overrides) -> Interaction:
+    def interaction(self, task: Task, rng: random.Random | None = None,
+                    tools: Sequence[Callable[..., Any] | Tool] | None = None, **sampling_overrides) -> Interaction:
         """Turn-by-turn control: ``reply = await it.send(user_text)``; ``it.trace`` is the run so far.
 
         ``rng`` is handed to a scripted policy as ``turn.rng`` (default: a fresh unseeded generator).
+        ``tools`` (functions or :class:`~multiagent_rl.tools.Tool` s) need the ``tools`` harness.
         Sampling: the agent's settings, then the task's ``sampling`` overrides, then ``sampling_overrides``.
         """
         sampling = self.config.sampling.with_overrides(**{**(task.sampling or {}), **sampling_overrides})
-        return Interaction(self, task, sampling, rng)
+        return Interaction(self, task, sampling, rng, tools)
 
     async def run(self, task: Task, **sampling_overrides) -> Trace:
         """Single-turn chat on the task's prompt: one reply, one trace."""
@@ -132,7 +125,16 @@ class Agent:
 class Interaction:
     """A conversation between the environment (as the user) and one agent."""
 
-    def __init__(self, agent: Agent, task: Task, sampling: SamplingParams, rng: random.Random | None = None):
+    def __init__(self, agent: Agent, task: Task, sampling: SamplingParams, rng: random.Random | None = None,
+                 tools: Sequence[Callable[..., Any] | Tool] | None = None):
+        self.tools = as_tools(tools)
+        if self.tools:
+            if not isinstance(agent.config.harness, ToolHarnessConfig):
+                raise ValueError(f"this agent was given tools {sorted(self.tools)} but its harness is "
+                                 f"{agent.config.harness.id!r}; give the seat harness = {{id = 'tools'}}")
+            if getattr(agent.backend, "text_only", False):
+                raise ValueError(f"{agent.model_id!r} is a text-only chat endpoint, which the tool harness cannot "
+                                 "drive token by token; serve the model with vLLM (kind = 'vllm') for a tool seat")
         self.agent = agent
         self.task = task
         self.sampling = sampling
@@ -178,7 +180,8 @@ class Interaction:
             if system:
                 trace.messages.append({"role": "system", "content": system})
             trace.messages.append({"role": "user", "content": self.task.data.prompt if text is None else text})
-            trace.append("prompt", agent.template.prompt_ids(trace.messages))
+            schemas = [t.schema for t in self.tools.values()] or None
+            trace.append("prompt", agent.template.prompt_ids(trace.messages, tools=schemas))
         else:
             if text is None:
                 raise ValueError("send() after the first turn needs the user's text")
@@ -186,19 +189,53 @@ class Interaction:
             trace.append("observation", agent.template.user_turn_ids(text, self._reply_ended_turn))
         params = self.sampling.with_overrides(**sampling_overrides)
         reply_coro = self._reply(params, state) if choices is None else self._choose(params, state, tuple(choices))
+        reply = await self._timed(reply_coro)
+        self.turns += 1
+        self._record_reply(reply)
+        if self.tools and choices is None:
+            reply = await self._use_tools(reply, params, state)
+        return reply
+
+    def _record_reply(self, reply: str) -> None:
+        self.trace.messages.append({"role": "assistant", "content": reply})
+        self.trace.last_reply = reply
+
+    async def _timed(self, reply_coro) -> str:
         self.waiting = True  # stays True if the episode is cancelled meanwhile: its timeout names this seat
         try:
-            reply = await asyncio.wait_for(reply_coro, timeout=agent.config.timeout)
+            reply = await asyncio.wait_for(reply_coro, timeout=self.agent.config.timeout)
         except asyncio.TimeoutError:
             self.waiting = False
             raise ReplyTimeout(
-                f"role {trace.role!r} ({agent.model_id}): no reply within {agent.config.timeout:g} s "
+                f"role {self.trace.role!r} ({self.agent.model_id}): no reply within {self.agent.config.timeout:g} s "
                 "(the per-reply timeout: `timeout` of the role's config)"
             ) from None
         self.waiting = False
-        self.turns += 1
-        trace.messages.append({"role": "assistant", "content": reply})
-        trace.last_reply = reply
+        return reply
+
+    async def _use_tools(self, reply: str, params: SamplingParams, state: Any) -> str:
+        """Run the reply's tool calls, append their results, let the model go on; until a reply calls none."""
+        harness, trace = self.agent.config.harness, self.trace
+        rounds = 0
+        while calls := parse_tool_calls(reply):
+            if rounds == harness.max_tool_rounds:
+                trace.info["tool_rounds_exhausted"] = trace.info.get("tool_rounds_exhausted", 0) + 1
+                break
+            rounds += 1
+            results = []
+            for i, call in enumerate(calls):
+                if i < harness.max_tool_calls_per_reply:
+                    content, record = await run_tool_call(self.tools, call, harness.max_result_chars)
+                else:
+                    content = (f"Error: at most {harness.max_tool_calls_per_reply} tool calls are run per reply; "
+                               "this one was not")
+                    record = {"name": call.name, "arguments": call.arguments, "ok": False, "error": content}
+                results.append({"role": "tool", "name": call.name or "invalid", "content": content})
+                trace.info.setdefault("tool_calls", []).append({**record, "turn": self.turns})
+            trace.messages.extend(results)
+            trace.append("observation", self.agent.template.turn_ids(results, self._reply_ended_turn))
+            reply = await self._timed(self._reply(params, state))
+            self._record_reply(reply)
         return reply
 
     async def _reply(self, params: SamplingParams, state: Any) -> str:
@@ -223,7 +260,8 @@ class Interaction:
         return text
 
     async def _scripted_reply(self, state: Any, choices: tuple[str, ...] | None = None) -> str:
-        out = self.agent.config.policy(ScriptedTurn(list(self.trace.messages), self.task, state, choices, self.rng))
+        turn = ScriptedTurn(list(self.trace.messages), self.task, state, choices, tuple(self.tools), self.rng)
+        out = self.agent.config.policy(turn)
         reply = await out if inspect.isawaitable(out) else out
         if not isinstance(reply, str):
             raise TypeError(f"scripted policy must return str, got {type(reply).__name__}")
@@ -314,9 +352,11 @@ class Seat:
         trace.role, trace.trainable = self.role, self.trainable
         self.sink.append(trace)
 
-    def interaction(self, task: Task, **sampling_overrides) -> Interaction:
+    def interaction(self, task: Task, tools: Sequence[Callable[..., Any] | Tool] | None = None,
+                    **sampling_overrides) -> Interaction:
+        """Turn-by-turn control of this seat (see :meth:`Agent.interaction`), recorded into the episode."""
         rng = None if self.seed is None else random.Random(f"{self.seed}/{self.role}/{len(self.interactions)}")
-        it = self.agent.interaction(task, rng=rng, **sampling_overrides)
+        it = self.agent.interaction(task, rng=rng, tools=tools, **sampling_overrides)
         self.interactions.append(it)
         it.trace.role = self.role
         it._on_close.append(self._stamp)

@@ -39,8 +39,9 @@ class ChatTemplate:
         self._turn_cache: OrderedDict[tuple[str, bool], list[int]] = OrderedDict()
         self._choice_cache: dict[tuple[str, ...], dict[str, list[int]]] = {}
 
-    def _render(self, messages, add_generation_prompt) -> str:
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+    def _render(self, messages, add_generation_prompt, tools=None) -> str:
+        return self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
+                                                  add_generation_prompt=add_generation_prompt)
 
     def encode(self, text: str) -> list[int]:
         check_encodable(text)
@@ -51,9 +52,19 @@ class ChatTemplate:
         (any other stop leaves the full turn close to be added before the next user message)."""
         return bool(self.eos_text) and reply_ids[-1:] == [self.tokenizer.eos_token_id]
 
-    def prompt_ids(self, messages: list[dict[str, Any]]) -> list[int]:
-        return _cached(self._prompt_cache, json.dumps(messages),
-                       lambda: self.encode(self._render(messages, add_generation_prompt=True)))
+    def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """The first prompt: ``messages`` rendered with the generation prompt, and ``tools`` (JSON schemas) as the
+        template presents them (a template that ignores ``tools`` is refused: the model would never see them)."""
+        def render():
+            text = self._render(messages, add_generation_prompt=True, tools=tools or None)
+            if tools and text == self._render(messages, add_generation_prompt=True):
+                raise ValueError(
+                    "this tokenizer's chat template ignores `tools`, so the model would never see its tools; use a "
+                    "model whose template renders tools (e.g. Qwen2.5/Qwen3 instruct, or the embedded tiny model)"
+                )
+            return self.encode(text)
+
+        return _cached(self._prompt_cache, json.dumps([messages, tools]), render)
 
     def choice_ids(self, choices: tuple[str, ...]) -> dict[str, list[int]]:
         """Each choice's reply tokens (its text + the end-of-turn token), checked to be told apart."""
@@ -74,13 +85,19 @@ class ChatTemplate:
 
     def user_turn_ids(self, content: str, reply_ended_turn: bool) -> list[int]:
         """Tokens that close the last reply (if the model did not) and open a new user turn."""
-        return _cached(self._turn_cache, (content, reply_ended_turn),
-                       lambda: self._user_turn_ids(content, reply_ended_turn))
+        return self.turn_ids([{"role": "user", "content": content}], reply_ended_turn)
 
-    def _user_turn_ids(self, content: str, reply_ended_turn: bool) -> list[int]:
+    def turn_ids(self, messages: list[dict[str, Any]], reply_ended_turn: bool) -> list[int]:
+        """Tokens that close the last reply (if the model did not), then ``messages`` (user or tool results) as
+        the template renders them after an assistant reply, then the generation prompt. Tool results of one
+        reply come as one list: some templates (Qwen's) group consecutive tool messages into one turn."""
+        return _cached(self._turn_cache, (json.dumps(messages), reply_ended_turn),
+                       lambda: self._turn_ids(messages, reply_ended_turn))
+
+    def _turn_ids(self, messages: list[dict[str, Any]], reply_ended_turn: bool) -> list[int]:
         probe = [{"role": "user", "content": "PROBE_U"}, {"role": "assistant", "content": "PROBE_A"}]
         before = self._render(probe, add_generation_prompt=False)
-        after = self._render(probe + [{"role": "user", "content": content}], add_generation_prompt=True)
+        after = self._render(probe + messages, add_generation_prompt=True)
         if not after.startswith(before):
             raise ValueError(
                 "This chat template re-renders earlier turns when a message is added, so observations cannot be "

@@ -34,12 +34,21 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any, Callable, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
-from pydantic import model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from .algorithms import ALGORITHMS, AlgorithmConfig, parse_algorithm_config
 from .backends.base import SamplingParams
 from .backends.endpoint import EndpointConfig, is_endpoint_reference, parse_reference
+from .harness import HarnessConfig
 
 ENVS: dict[str, str] = {
     "kuhn_poker": "multiagent_rl.envs.kuhn_poker:KuhnPokerEnv",
@@ -88,6 +97,9 @@ class RoleConfig(_Strict):
     """Sampling overrides for this seat (``temperature``, ``max_new_tokens``, ...; see ``SamplingParams``)."""
     timeout: float | None = Field(None, gt=0)
     """Seconds one reply of this seat may take (a per-reply timeout); None: only the episode's timeout applies."""
+    harness: HarnessConfig | None = None
+    """How the seat converses: ``{id = "chat"}`` or ``{id = "tools"}`` (tool calls, with its limits); default: the
+    environment's choice for this role (``Env.default_harness``), else ``chat``."""
 
     @model_validator(mode="after")
     def _check(self):
@@ -153,6 +165,15 @@ class EnvConfig(_Strict):
         """The environment class's own default algorithm (``Env.default_algo``), if it declares one."""
         env_class = type(self.instance) if self.instance is not None else import_object(ENVS.get(self.id, self.id))
         return getattr(env_class, "default_algo", None)
+
+    def harness(self, role: str) -> dict[str, Any] | HarnessConfig:
+        """How ``role`` converses: its ``[env.roles.<role>] harness``, else the env class's
+        ``default_harness[role]``, else the plain chat harness."""
+        rc = self.roles.get(role)
+        if rc is not None and rc.harness is not None:
+            return rc.harness
+        env_class = type(self.instance) if self.instance is not None else import_object(ENVS.get(self.id, self.id))
+        return dict(getattr(env_class, "default_harness", {}).get(role, {"id": "chat"}))
 
     def active(self, step: int) -> bool:
         return self.start_step <= step and (self.stop_step is None or step < self.stop_step)

@@ -50,6 +50,9 @@ class Env:
     roles: tuple[str, ...] = ("agent",)
     default_algo: dict[str, Any] | None = None
     """The algorithm config used for this env when neither the config's env entry nor ``[algo]`` names one."""
+    default_harness: dict[str, dict[str, Any]] = {}
+    """Per role, the harness used when the config's ``[env.roles.<role>] harness`` is not set (e.g.
+    ``{"judge": {"id": "tools"}}``); roles not listed converse with the plain chat harness."""
 
     def setup(self, seats: dict[str, Seat]) -> None:
         """Called once, before any episode, with the seats as bound (the same kind of object ``run`` gets;

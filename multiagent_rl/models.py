@@ -1,7 +1,7 @@
 """The embedded default model: a tiny tokenizer + causal LM built fully offline.
 
 ``resolve_model("tiny")`` builds (once) and returns the path of a folder holding a byte-level BPE
-tokenizer with a ChatML chat template and a randomly initialised Qwen2-family model, so every code
+tokenizer with a ChatML chat template (with a tool-calling format) and a randomly initialised Qwen2-family model, so every code
 path that takes a hub id or a local path also runs on a CPU with no network. The tokenizer is
 trained on a small corpus shipped with the package (``assets/tiny_corpus.txt``) covering the
 built-in environments' words, so words such as ``bet`` or ``fold`` are single tokens; being
@@ -25,8 +25,20 @@ from pathlib import Path
 TINY = "tiny"
 
 CHATML_TEMPLATE = (
+    # With tools, the system turn lists their JSON schemas and the call format (the Hermes / Qwen2.5 one the
+    # tool harness parses); tool results are turns of role "tool". Without tools it is plain ChatML.
+    "{% if tools %}"
+    "{{ '<|im_start|>system\n' }}"
+    "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] + '\n\n' }}{% endif %}"
+    "{{ 'You can call these tools:\n<tools>\n' }}"
+    "{% for tool in tools %}{{ tool | tojson }}{{ '\n' }}{% endfor %}"
+    "{{ '</tools>\nTo call one, write <tool_call>\n{\"name\": <tool name>, \"arguments\": <JSON object>}\n'"
+    " + '</tool_call>' + '<|im_end|>' + '\n' }}"
+    "{% endif %}"
     "{% for message in messages %}"
+    "{% if not (tools and loop.first and message['role'] == 'system') %}"
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )

@@ -113,6 +113,7 @@ class Orchestrator:
                 sampling=self.sampling.with_overrides(**(rc.sampling if rc else {})),
                 policy=rc.scripted_policy() if rc and rc.model == "scripted" else None,
                 timeout=rc.timeout if rc else None,
+                harness=spec.harness(role),
             )
             agents[role] = make_agent(config, policy_backend=self.policy, device=self.device,
                                       endpoints=self.experiment.endpoints)

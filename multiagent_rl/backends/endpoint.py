@@ -112,6 +112,8 @@ class EndpointBackend:
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._loop = None
         self.supports_choices = config.kind == "vllm"
+        self.text_only = config.kind == "openai"
+        """Chat text in and out (no token ids): the tool harness and trained seats need a token-level backend."""
         self.token_exact = config.kind == "vllm"
         self.max_context = config.max_context
         self.num_requests = 0

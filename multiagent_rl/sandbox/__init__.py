@@ -42,6 +42,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .processes import UID_BASE, OutputCollector, chown_tree, kill_group, kill_uid, reap_uid, sandbox_uid, slots
+from .processes import threads_of
+from .workspace import SANDBOX_HOME, Workspace, WorkspaceEscape
+
+__all__ = ["CommandResult", "SANDBOX_HOME", "Sandbox", "SandboxConfig", "SandboxUnavailable", "UID_BASE",
+           "Workspace", "WorkspaceEscape", "bwrap_available", "check_bwrap"]
+
 logger = logging.getLogger(__name__)
 
 INSTALL_HINT = (
@@ -50,10 +57,6 @@ INSTALL_HINT = (
     "(only for code you trust)"
 )
 
-SANDBOX_HOME = "/workspace"
-UID_BASE = 2_000_000_000
-"""Root runs each concurrent sandbox as its own unprivileged uid, ``UID_BASE + slot`` (no account needed): the
-kernel counts the process limit per uid, so one sandbox's fork bomb cannot starve another's processes."""
 
 
 class SandboxConfig(BaseModel):
@@ -118,74 +121,6 @@ class CommandResult:
         return f"{head}\n{body}".rstrip()
 
 
-class WorkspaceEscape(ValueError):
-    """Raised for a path that leaves the workspace (``..``, an absolute path, a symlink pointing out)."""
-
-
-class Workspace:
-    """One episode's folder. Host-side file access goes through :meth:`resolve`, which refuses any path that
-    leaves the folder, including through symlinks a command planted."""
-
-    def __init__(self, root: str | Path, *, owned: bool = False):
-        self.root = Path(root).resolve()
-        if not self.root.is_dir():
-            raise FileNotFoundError(f"workspace {self.root} is not a folder")
-        self._owned = owned
-
-    @classmethod
-    def create(cls, parent: str | Path | None = None, prefix: str = "ws-") -> Workspace:
-        """A fresh empty workspace under ``parent`` (default: the system's temp folder), removed by :meth:`cleanup`."""
-        root = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
-        root.chmod(0o755)  # the unprivileged sandbox user must reach it
-        return cls(root, owned=True)
-
-    def __enter__(self) -> Workspace:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.cleanup()
-
-    def cleanup(self) -> None:
-        """Remove the folder if this object created it."""
-        if self._owned:
-            shutil.rmtree(self.root, ignore_errors=True)
-
-    def resolve(self, path: str | Path) -> Path:
-        """The host path of ``path`` (relative to the workspace, or under ``/workspace``); raises
-        :class:`WorkspaceEscape` if it resolves outside the workspace."""
-        p = str(path)
-        if p == SANDBOX_HOME or p.startswith(SANDBOX_HOME + "/"):
-            p = p[len(SANDBOX_HOME):].lstrip("/") or "."
-        if os.path.isabs(p):
-            raise WorkspaceEscape(f"{path!r} is an absolute path outside the workspace; use a path relative to it")
-        target = (self.root / p).resolve()
-        if target != self.root and self.root not in target.parents:
-            raise WorkspaceEscape(f"{path!r} leads outside the workspace")
-        return target
-
-    def write(self, path: str, text: str) -> Path:
-        target = self.resolve(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text, encoding="utf-8")
-        return target
-
-    def read(self, path: str, max_bytes: int = 1_000_000) -> str:
-        target = self.resolve(path)
-        with open(target, "rb") as f:
-            data = f.read(max_bytes + 1)
-        text = data[:max_bytes].decode("utf-8", errors="replace")
-        return text + (f"\n[... cut at {max_bytes} bytes]" if len(data) > max_bytes else "")
-
-    def files(self) -> list[str]:
-        """Every regular file, as sorted paths relative to the workspace (symlinks are listed, not followed)."""
-        out = []
-        for dirpath, dirnames, filenames in os.walk(self.root):
-            dirnames[:] = sorted(d for d in dirnames if not os.path.islink(os.path.join(dirpath, d)))
-            rel = os.path.relpath(dirpath, self.root)
-            out.extend(os.path.normpath(os.path.join(rel, f)) for f in filenames)
-        return sorted(out)
-
-
 class Sandbox:
     """Runs commands in a workspace under the configured isolation and limits.
 
@@ -209,23 +144,25 @@ class Sandbox:
             raise ValueError(f"a command is a non-empty list of strings, got {argv!r}")
         cfg = self.config
         argv = [_python() if a == "python3" and i == 0 else a for i, a in enumerate(argv)]
-        async with _slots(cfg.max_concurrent) as slot:
-            uid = _sandbox_uid(slot)
+        async with slots(cfg.max_concurrent) as slot:
+            uid = sandbox_uid(slot)
             if uid is not None:
-                _chown_tree(self.workspace.root, uid)
+                chown_tree(self.workspace.root, uid)
             full = self._limits(uid) + (self._bwrap(argv, uid) if self.isolated else argv)
             started = time.perf_counter()
             loop = asyncio.get_running_loop()
             transport, output = await loop.subprocess_exec(
-                lambda: _Output(cfg.max_output_bytes), *full,
+                lambda: OutputCollector(cfg.max_output_bytes), *full,
                 stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 cwd=self.workspace.root, env=self._env(), start_new_session=True,
             )
             try:
-                killed = await self._wait(transport, output, stdin, timeout or cfg.timeout)
+                killed = await self._wait(transport, output, stdin, timeout or cfg.timeout, uid)
             finally:
                 transport.close()
+                if uid is not None:
+                    await reap_uid(uid)
             returncode = transport.get_returncode()
         if killed is None and returncode is not None and returncode < 0:
             killed = f"signal {signal.Signals(-returncode).name}"
@@ -245,7 +182,7 @@ class Sandbox:
     # -- building the command --------------------------------------------------------------
     def _limits(self, uid: int | None) -> list[str]:
         cfg = self.config
-        nproc = cfg.max_processes + (0 if uid is not None else _threads_of(os.getuid()))
+        nproc = cfg.max_processes + (0 if uid is not None else threads_of(os.getuid()))
         limits = ["prlimit", f"--cpu={cfg.cpu_seconds}", f"--as={cfg.memory_mb << 20}", f"--nproc={nproc}",
                   f"--fsize={cfg.max_file_mb << 20}", f"--nofile={cfg.max_open_files}", "--core=0", "--"]
         if uid is None:
@@ -255,7 +192,9 @@ class Sandbox:
         return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"] + limits
 
     def _bwrap(self, argv: list[str], uid: int | None) -> list[str]:
-        cmd = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
+        # --as-pid-1: no extra init process, so bubblewrap's only child is the command and it reaps it (an init
+        # outlives bubblewrap's exit as a zombie of the host's init, counted against the slot's process limit).
+        cmd = ["bwrap", "--unshare-all", "--as-pid-1", "--die-with-parent", "--new-session", "--clearenv",
                "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", SANDBOX_HOME,
                "--setenv", "LANG", "C.UTF-8",
                "--ro-bind", "/usr", "/usr"]
@@ -278,7 +217,8 @@ class Sandbox:
         return env
 
     # -- running it ------------------------------------------------------------------------
-    async def _wait(self, transport, output: _Output, stdin: str | None, timeout: float) -> str | None:
+    async def _wait(self, transport, output: OutputCollector, stdin: str | None, timeout: float,
+                    uid: int | None) -> str | None:
         """Wait for the command to end, hit the output cap or run out of time; kill what is left either way."""
         if stdin is not None:
             pipe = transport.get_pipe_transport(0)
@@ -288,45 +228,21 @@ class Sandbox:
         capped = asyncio.ensure_future(output.over_cap.wait())
         done, _ = await asyncio.wait([exited, capped], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         killed = None if exited in done else ("output" if capped in done else "timeout")
+        if killed and uid is not None:
+            # The command first (everything of the slot's uid but bubblewrap itself), so that bubblewrap reaps its
+            # child and exits: killed first, it would leave its child a zombie for the host's init to reap, and
+            # zombies count against the slot's process limit.
+            kill_uid(uid, spare=transport.get_pid())
+            await asyncio.wait([exited], timeout=0.5)
         # Killing the process group takes bubblewrap down, and its namespace's processes with it; unisolated,
         # it takes the command's group (background jobs included) down.
-        _kill_group(transport.get_pid())
+        kill_group(transport.get_pid())
         await exited
         capped.cancel()
         # Output still in flight gets a moment; a process that left the group (possible only unisolated) and
         # holds the pipes open is not waited for.
         await asyncio.wait([asyncio.ensure_future(output.closed.wait())], timeout=1.0)
         return killed
-
-
-class _Output(asyncio.SubprocessProtocol):
-    """Collects stdout and stderr up to a shared cap; past the cap it keeps draining (so the pipes close) but
-    discards, and signals the caller to kill the command."""
-
-    def __init__(self, cap: int):
-        self.cap, self.size = cap, 0
-        self.chunks: dict[int, list[bytes]] = {1: [], 2: []}
-        self.exited, self.over_cap, self.closed = asyncio.Event(), asyncio.Event(), asyncio.Event()
-        self.open_pipes = {1, 2}
-
-    def pipe_data_received(self, fd: int, data: bytes) -> None:
-        keep = data[: max(0, self.cap - self.size)]
-        if keep:
-            self.chunks[fd].append(keep)
-        self.size += len(data)
-        if self.size > self.cap:
-            self.over_cap.set()
-
-    def pipe_connection_lost(self, fd: int, exc) -> None:
-        self.open_pipes.discard(fd)
-        if not self.open_pipes:
-            self.closed.set()
-
-    def process_exited(self) -> None:
-        self.exited.set()
-
-    def text(self, fd: int) -> str:
-        return b"".join(self.chunks[fd]).decode("utf-8", errors="replace")
 
 
 # -- host checks and helpers -------------------------------------------------------------------
@@ -338,7 +254,8 @@ def check_bwrap() -> None:
     global _BWRAP_OK
     if _BWRAP_OK:
         return
-    missing = [tool for tool in ("bwrap", "prlimit") + (("setpriv",) if os.geteuid() == 0 else ()) if not shutil.which(tool)]
+    needed = ("bwrap", "prlimit") + (("setpriv",) if os.geteuid() == 0 else ())
+    missing = [tool for tool in needed if not shutil.which(tool)]
     if missing:
         raise SandboxUnavailable(f"cannot isolate tool commands: {', '.join(missing)} not found; {INSTALL_HINT}")
 
@@ -347,7 +264,7 @@ def check_bwrap() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         os.chmod(tmp, 0o755)
         probe.workspace = Workspace(tmp)
-        uid = _sandbox_uid(0)
+        uid = sandbox_uid(0)
         argv = probe._limits(uid) + probe._bwrap(["true"], uid)
         result = subprocess.run(argv, capture_output=True, text=True, env=probe._env(), cwd=tmp)
     if result.returncode != 0:
@@ -393,72 +310,3 @@ def _interpreter_binds() -> list[str]:
     return [str(Path(sys.base_prefix).resolve())]
 
 
-def _sandbox_uid(slot: int) -> int | None:
-    return UID_BASE + slot if os.geteuid() == 0 else None
-
-
-def _chown_tree(root: Path, uid: int) -> None:
-    """Hand the workspace to this call's sandbox uid (a previous call may have run as another slot's uid)."""
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in [dirpath, *(os.path.join(dirpath, n) for n in dirnames + filenames)]:
-            try:
-                os.lchown(name, uid, uid)
-            except FileNotFoundError:
-                pass
-
-
-def _threads_of(uid: int) -> int:
-    """Threads the user runs now: an unprivileged process limit counts all of them, so a sandbox's budget is added."""
-    n = 0
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                if os.stat(f"/proc/{pid}").st_uid == uid:
-                    n += len(os.listdir(f"/proc/{pid}/task"))
-            except OSError:
-                pass
-    return n
-
-
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-class _Slots:
-    """A per-process pool of sandbox slots: bounds concurrency and gives each running command its own uid."""
-
-    def __init__(self):
-        self.free: list[int] | None = None
-        self.cond: asyncio.Condition | None = None
-        self.loop = None
-
-    def __call__(self, size: int | None):
-        return _Slot(self, size or os.cpu_count() or 1)
-
-
-class _Slot:
-    def __init__(self, pool: _Slots, size: int):
-        self.pool, self.size, self.slot = pool, size, None
-
-    async def __aenter__(self) -> int:
-        pool, loop = self.pool, asyncio.get_running_loop()
-        if pool.loop is not loop:  # a fresh event loop (asyncio.run in a script) gets a fresh pool
-            pool.loop, pool.cond, pool.free = loop, asyncio.Condition(), None
-        async with pool.cond:
-            if pool.free is None:
-                pool.free = list(range(self.size))
-            await pool.cond.wait_for(lambda: pool.free)
-            self.slot = pool.free.pop(0)
-        return self.slot
-
-    async def __aexit__(self, *exc) -> None:
-        pool = self.pool
-        async with pool.cond:
-            pool.free.append(self.slot)
-            pool.cond.notify()
-
-
-_slots = _Slots()
