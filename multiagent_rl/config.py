@@ -53,6 +53,7 @@ from .harness import HarnessConfig
 ENVS: dict[str, str] = {
     "kuhn_poker": "multiagent_rl.envs.kuhn_poker:KuhnPokerEnv",
     "proposer_solver": "multiagent_rl.envs.proposer_solver:ProposerSolverEnv",
+    "agentic_judge": "multiagent_rl.envs.agentic_judge:AgenticJudgeEnv",
 }
 """Built-in environment ids; any ``"package.module:Class"`` path works too."""
 
