@@ -272,3 +272,21 @@ def test_unisolated_opt_in_keeps_the_limits_and_is_marked(ws, caplog):
     assert sb.run_sync(["python3", "-c", "print('x' * 100000)"]).killed == "output"
     assert "MemoryError" in Sandbox(ws, SandboxConfig(isolation="none", memory_mb=512)).run_sync(
         ["python3", "-c", "bytearray(10 * 2**30)"]).stderr
+
+
+def test_two_processes_never_touch_each_others_sandboxes(ws):
+    """Each process has its own sandbox uids: killing and reaping here cannot reach another process's command
+    (the ranks of a multi-process run share a machine)."""
+    import subprocess
+    import sys
+
+    child = subprocess.Popen(
+        [sys.executable, "-c", "from multiagent_rl.sandbox import Sandbox, Workspace\n"
+         "with Workspace.create() as w:\n"
+         "    r = Sandbox(w).run_sync(['sh', '-c', 'sleep 1.5; echo ok'])\n"
+         "print(r.stdout.strip(), r.killed)"],
+        stdout=subprocess.PIPE, text=True)
+    time.sleep(0.5)
+    for _ in range(3):  # each of these is killed, its slot reaped
+        assert Sandbox(ws, SandboxConfig(timeout=0.3)).run_sync(["sleep", "5"]).killed == "timeout"
+    assert child.communicate(timeout=30)[0].split() == ["ok", "None"]

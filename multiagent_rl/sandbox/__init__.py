@@ -79,7 +79,7 @@ class SandboxConfig(BaseModel):
     max_open_files: int = Field(64, ge=8)
     max_output_bytes: int = Field(64_000, ge=1024)
     """Output captured from stdout and stderr together; a command that writes more is killed."""
-    max_concurrent: int | None = Field(None, ge=1)
+    max_concurrent: int | None = Field(None, ge=1, le=512)
     """Commands running at once in this process (default: the number of CPUs)."""
     ro_binds: list[str] = Field(default_factory=list)
     """Extra host paths mounted read-only at the same place (e.g. an interpreter outside ``/usr``)."""
@@ -147,6 +147,7 @@ class Sandbox:
         async with slots(cfg.max_concurrent) as slot:
             uid = sandbox_uid(slot)
             if uid is not None:
+                await reap_uid(uid)  # a process that had this pid before may have left some behind
                 chown_tree(self.workspace.root, uid)
             full = self._limits(uid) + (self._bwrap(argv, uid) if self.isolated else argv)
             started = time.perf_counter()

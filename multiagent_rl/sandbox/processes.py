@@ -13,8 +13,11 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 UID_BASE = 2_000_000_000
-"""Root runs each concurrent sandbox as its own unprivileged uid, ``UID_BASE + slot`` (no account needed): the
-kernel counts the process limit per uid, so one sandbox's fork bomb cannot starve another's processes."""
+"""Root runs each concurrent sandbox as its own unprivileged uid, ``UID_BASE + SLOTS_PER_PROCESS × pid + slot``
+(no account needed): the kernel counts the process limit per uid, so one sandbox's fork bomb cannot starve
+another's processes, and the pid keeps two processes on one machine (the ranks of a multi-process run) from ever
+sharing, or reaping, each other's uids. Linux pids stay below 2**22, so every uid stays below 2**32 - 1."""
+SLOTS_PER_PROCESS = 512
 
 
 class OutputCollector(asyncio.SubprocessProtocol):
@@ -48,7 +51,9 @@ class OutputCollector(asyncio.SubprocessProtocol):
 
 
 def sandbox_uid(slot: int) -> int | None:
-    return UID_BASE + slot if os.geteuid() == 0 else None
+    if os.geteuid() != 0:
+        return None
+    return UID_BASE + SLOTS_PER_PROCESS * (os.getpid() % 2**22) + slot
 
 
 def chown_tree(root: Path, uid: int) -> None:
