@@ -1,0 +1,144 @@
+"""Agentic judge: a tiny solver learns from a judge that runs code in a sandbox, or from the unit tests alone.
+
+    python recipes/agentic_judge.py                    # reward = the judge's verdict (tiny model, CPU, ~5 min)
+    python recipes/agentic_judge.py --reward tests     # the baseline: reward = share of unit tests passed
+
+The solver picks one of a task's candidate implementations (``AgenticJudgeEnv(solver_mode="choose")``: its one
+free token is a letter, through the legal-action harness) and is trained with GRPO. Every episode runs the
+task's unit tests on its choice in the sandbox, then a judge (scripted by default: ``examples_judge`` runs the
+spec's examples through its ``run_python`` tool, in the sandbox, and writes a rubric verdict) judges it. With
+``--reward judge`` the solver's reward is the judge's score (task_weight 0: the judge overrules the tests);
+with ``--reward tests`` it is the share of tests passed (judge_weight 0; the judge still runs, for the metrics).
+
+Some tests are wrong or over-specified, and each such task has a wrong candidate written to pass every test:
+the tests reward it, the judge does not. Logged per step: the judged pass rate, the true correctness of the
+choices (ground-truth labels), the share of choices that pass all tests yet are wrong (``fooled_tests``).
+Outputs in ``--output-dir``: ``summary.json``, ``judge.png``, the episodes, the final model.
+
+``--judge-model vllm:http://HOST:8000/v1#MODEL`` puts a served model in the judge's seat (the tools harness
+drives it token by token, so a vLLM server; see docs/agentic_judge.md); the default is the scripted judge.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+from multiagent_rl.config import ExperimentConfig  # noqa: E402
+from multiagent_rl.trainer import MixedAlgorithmTrainer, TrainingInterrupted  # noqa: E402
+
+METRICS = ("judged_pass", "correct", "fooled_tests", "tests_pass", "judge_score", "tests")
+
+
+def experiment(args) -> ExperimentConfig:
+    weights = {"task_weight": 0.0, "judge_weight": 1.0} if args.reward == "judge" else \
+        {"task_weight": 1.0, "judge_weight": 0.0}
+    if args.judge_model == "scripted":
+        judge = {"model": "scripted", "policy": "multiagent_rl.envs.agentic_judge:examples_judge"}
+    else:
+        judge = {"model": args.judge_model, "sampling": {"temperature": 0.0, "max_new_tokens": 1024}}
+    return ExperimentConfig.model_validate({
+        "model": {"name": args.model},
+        "algo": {"type": "grpo"},
+        "env": [{"id": "agentic_judge", "args": {"solver_mode": "choose", **weights}, "group_size": args.group_size,
+                 "roles": {"judge": {**judge, "trainable": False}}}],
+        "trainer": {
+            "output_dir": args.output_dir, "max_steps": args.steps, "learning_rate": args.lr,
+            "lr_scheduler_type": "constant", "groups_per_step": args.groups_per_step, "seed": args.seed,
+            "report_to": args.report_to, "logging_steps": args.log_every, "disable_tqdm": False,
+            "max_completion_length": 4, "save_strategy": "no",
+        },
+    })
+
+
+def curves(log_history: list[dict]) -> list[dict]:
+    """Per logging step, the solver's metrics (means over the step's episodes)."""
+    rows = []
+    for h in log_history:
+        row = {"step": h["step"]}
+        for key in METRICS:
+            found = [v for k, v in h.items() if k.startswith("agentic_judge/solver/") and k.endswith("/" + key)]
+            if found:
+                row[key] = found[0]
+        if len(row) > 1:
+            rows.append(row)
+    return rows
+
+
+def summarize(rows: list[dict], first: int) -> dict:
+    def mean(key, among):
+        values = [r[key] for r in among if key in r]
+        return sum(values) / len(values) if values else None
+
+    start, last = rows[:first], rows[-max(1, len(rows) // 4):]
+    return {f"{key}_{part}": mean(key, among) for key in METRICS[:4]
+            for part, among in (("start", start), ("last_quarter", last))}
+
+
+def plot(rows: list[dict], path: str, title: str) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6, 4), dpi=110)
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    for key, label in (("judged_pass", "judged pass rate"), ("correct", "truly correct (labels)"),
+                       ("tests_pass", "passes all tests"), ("fooled_tests", "passes all tests, wrong")):
+        ax.plot([r["step"] for r in rows if key in r], [r[key] for r in rows if key in r], label=label)
+    ax.set_xlabel("step")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.savefig(path, bbox_inches="tight")
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="tiny")
+    p.add_argument("--reward", choices=("judge", "tests"), default="judge")
+    p.add_argument("--judge-model", default="scripted",
+                   help="'scripted' (examples_judge) or a served model, e.g. vllm:http://HOST:8000/v1#MODEL")
+    p.add_argument("--steps", type=int, default=120)
+    p.add_argument("--group-size", type=int, default=8, help="episodes per task")
+    p.add_argument("--groups-per-step", type=int, default=4)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--log-every", type=int, default=2)
+    p.add_argument("--start-logs", type=int, default=3, help="logging steps averaged as the starting level")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--output-dir", default="outputs/agentic_judge")
+    p.add_argument("--report-to", nargs="*", default=[])
+    args = p.parse_args(argv)
+
+    trainer = MixedAlgorithmTrainer(experiment(args))
+    interrupted = None
+    try:
+        trainer.train()
+    except TrainingInterrupted as exc:
+        interrupted = exc
+    rows = curves(trainer.state.log_history)
+    summary = {
+        "command": "python recipes/agentic_judge.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "reward": args.reward, "steps": trainer.state.global_step, "interrupted": interrupted is not None,
+        **summarize(rows, args.start_logs), "curves": rows,
+    }
+    out = Path(trainer.args.output_dir)
+    if trainer.accelerator.is_main_process:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "summary.json").write_text(json.dumps(summary, indent=2))
+        plot(rows, str(out / "judge.png"), f"solver rewarded by the {args.reward}, seed {args.seed}")
+        trainer.save_model(str(out / "final_model"))
+        print(json.dumps({k: v for k, v in summary.items() if k != "curves"}, indent=2))
+        print(f"wrote {out / 'summary.json'} and {out / 'judge.png'}")
+    if interrupted is not None:
+        print(f"interrupted at step {interrupted.step}: checkpoint {interrupted.checkpoint}")
+        sys.exit(130)
+    return summary
+
+
+if __name__ == "__main__":
+    main()
