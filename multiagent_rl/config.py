@@ -54,6 +54,7 @@ ENVS: dict[str, str] = {
     "kuhn_poker": "multiagent_rl.envs.kuhn_poker:KuhnPokerEnv",
     "proposer_solver": "multiagent_rl.envs.proposer_solver:ProposerSolverEnv",
     "agentic_judge": "multiagent_rl.envs.agentic_judge:AgenticJudgeEnv",
+    "user_sim": "multiagent_rl.envs.user_sim:UserSimEnv",
 }
 """Built-in environment ids; any ``"package.module:Class"`` path works too."""
 
@@ -155,7 +156,12 @@ class EnvConfig(_Strict):
             raise ValueError(f"unknown env id {self.id!r}; built-in: {sorted(ENVS)}, or give 'package.module:Class'")
         if self.stop_step is not None and self.stop_step <= self.start_step:
             raise ValueError(f"env {self.id!r}: stop_step={self.stop_step} must be after start_step={self.start_step}")
+        for role, binding in getattr(self.env_class(), "default_roles", {}).items():
+            self.roles.setdefault(role, RoleConfig.model_validate(binding))
         return self
+
+    def env_class(self) -> type:
+        return type(self.instance) if self.instance is not None else import_object(ENVS.get(self.id, self.id))
 
     def build(self):
         if self.instance is not None:
@@ -164,8 +170,7 @@ class EnvConfig(_Strict):
 
     def default_algo(self) -> dict[str, Any] | None:
         """The environment class's own default algorithm (``Env.default_algo``), if it declares one."""
-        env_class = type(self.instance) if self.instance is not None else import_object(ENVS.get(self.id, self.id))
-        return getattr(env_class, "default_algo", None)
+        return getattr(self.env_class(), "default_algo", None)
 
     def harness(self, role: str) -> dict[str, Any] | HarnessConfig:
         """How ``role`` converses: its ``[env.roles.<role>] harness``, else the env class's
@@ -173,8 +178,7 @@ class EnvConfig(_Strict):
         rc = self.roles.get(role)
         if rc is not None and rc.harness is not None:
             return rc.harness
-        env_class = type(self.instance) if self.instance is not None else import_object(ENVS.get(self.id, self.id))
-        return dict(getattr(env_class, "default_harness", {}).get(role, {"id": "chat"}))
+        return dict(getattr(self.env_class(), "default_harness", {}).get(role, {"id": "chat"}))
 
     def active(self, step: int) -> bool:
         return self.start_step <= step and (self.stop_step is None or step < self.stop_step)

@@ -50,6 +50,9 @@ class Env:
     roles: tuple[str, ...] = ("agent",)
     default_algo: dict[str, Any] | None = None
     """The algorithm config used for this env when neither the config's env entry nor ``[algo]`` names one."""
+    default_roles: dict[str, dict[str, Any]] = {}
+    """Per role, the ``[env.roles.<role>]`` binding used when the config gives none (e.g. a scripted, untrained
+    simulated user); roles not listed play the policy and are trained."""
     default_harness: dict[str, dict[str, Any]] = {}
     """Per role, the harness used when the config's ``[env.roles.<role>] harness`` is not set (e.g.
     ``{"judge": {"id": "tools"}}``); roles not listed converse with the plain chat harness."""

@@ -1,0 +1,144 @@
+"""The simulated-user environment: hidden scenarios, personas, the done marker, the success check."""
+
+import random
+
+import pytest
+
+import multiagent_rl as mrl
+from multiagent_rl.config import ExperimentConfig
+from multiagent_rl.envs.user_sim import (ASSISTANT_SYSTEM, PERSONAS, UserSimEnv, careful_assistant, hasty_assistant,
+                                         scripted_user, user_system_prompt)
+from multiagent_rl.games.booking import (Goal, all_goals, booking_text, latest_values, menu, mentions, parse_booking,
+                                         split_goals)
+
+GOAL = Goal("Oslo", "May 3", 2)
+
+
+def scripted(policy):
+    return mrl.make_agent(mrl.AgentConfig(model="scripted", policy=policy, sampling={"max_new_tokens": 128}))
+
+
+def play(env, assistant_policy, tasks, user_policy=None):
+    agents = {"user": scripted(user_policy or scripted_user()), "assistant": scripted(assistant_policy)}
+    return mrl.run_sync(mrl.play_episodes(env, tasks, agents, seed="0", trainable={"user": False, "assistant": True}))
+
+
+def one(env, persona, assistant_policy, goal=GOAL, **kw):
+    (ep,) = play(env, assistant_policy, [env.scenario(goal, persona, seed=1)], **kw)
+    assert ep.ok, ep.errors
+    return ep.by_role("user")[0], ep.by_role("assistant")[0]
+
+
+@pytest.mark.parametrize("menu_mode", [False, True])
+@pytest.mark.parametrize("persona", PERSONAS)
+def test_the_assistants_trace_never_contains_the_scenario(persona, menu_mode):
+    env = UserSimEnv(menu=menu_mode)
+    user, assistant = one(env, persona, careful_assistant())
+    scenario = user_system_prompt(GOAL, persona)
+    assert user.messages[0] == {"role": "system", "content": scenario}
+    seen = " ".join(m["content"] for m in assistant.messages)
+    assert "hidden goal" not in seen and "###DONE###" not in seen and persona not in seen
+    assert assistant.messages[0] == {"role": "system", "content": ASSISTANT_SYSTEM}
+    assert assistant.metrics["success"] == 1.0
+
+
+def test_the_assistants_tokens_hold_only_its_own_conversation():
+    env = UserSimEnv()
+    user, assistant = one(env, "terse", careful_assistant())
+    agent = mrl.make_agent(mrl.AgentConfig(model="scripted", policy=lambda turn: ""))
+    text = agent.tokenizer.decode(assistant.token_ids)
+    assert "hidden goal" not in text and "customer" not in text and "Which city?" in text
+
+
+def test_personas_behave_as_described():
+    env = UserSimEnv()
+    terse, _ = one(env, "terse", careful_assistant())
+    opening = terse.messages[2]["content"]
+    assert opening == "I need a booking." and not any(mentions(opening).values())
+    assert terse.messages[4]["content"] == "Oslo."  # answers only what was asked
+
+    chatty, _ = one(env, "chatty", careful_assistant())
+    said = mentions(chatty.messages[2]["content"])
+    assert len(said["city"]) == 2 and said["city"][-1] == "Oslo" and said["date"] == ["May 3"] and said["seats"] == ["2"]
+
+    confused, _ = one(env, "confused", careful_assistant())
+    first, second = confused.messages[2]["content"], confused.messages[4]["content"]
+    assert mentions(first)["seats"] == ["3"] and not mentions(first)["date"]
+    assert second.startswith("Sorry, not 3 seats: 2 seats.") and latest_values([first, second])["seats"] == "2"
+
+    adversarial, _ = one(env, "adversarial", careful_assistant())
+    assert "right now" in adversarial.messages[2]["content"]
+    assert adversarial.messages[4]["content"].endswith("Just book it already!")
+
+
+def test_a_booking_ends_the_conversation_and_the_user_says_the_marker():
+    env = UserSimEnv(done_marker="<<END>>")
+    user, assistant = one(env, "chatty", careful_assistant())
+    assert user.last_reply == "Perfect, thank you! <<END>>"
+    assert assistant.metrics["user_turns"] == 2.0 and assistant.metrics["booked"] == 1.0
+
+
+def test_the_done_marker_ends_the_conversation_without_a_booking():
+    env = UserSimEnv()
+
+    def quitter(turn):
+        return "I give up. ###DONE###" if turn.state["assistant_said"] else "Hello."
+
+    user, assistant = one(env, "terse", lambda turn: "Which city?", user_policy=quitter)
+    assert len([m for m in assistant.messages if m["role"] == "assistant"]) == 1
+    assert (assistant.metrics["success"], assistant.metrics["booked"], assistant.metrics["ended_without_success"]) == (
+        0.0, 0.0, 1.0)
+
+
+def test_max_turns_ends_a_conversation_that_never_books():
+    env = UserSimEnv(max_turns=3)
+    user, assistant = one(env, "terse", lambda turn: "Which city?")
+    assert len([m for m in assistant.messages if m["role"] == "assistant"]) == 3
+    assert assistant.metrics["user_turns"] == 4.0 and assistant.reward == 0.0
+    assert assistant.metrics["ended_without_success"] == 1.0
+
+
+@pytest.mark.parametrize("booking, success, slots", [
+    ("BOOK city=Oslo date=May 3 seats=2", 1.0, 1.0),
+    ("Here you go: BOOK city=Oslo date=May 3 seats=2", 1.0, 1.0),
+    ("BOOK city=Oslo date=May 3 seats=3", 0.0, 2 / 3),
+    ("BOOK city=Rome date=May 3 seats=2", 0.0, 2 / 3),
+    ("BOOK city=Oslo date=any seats=2", 0.0, 0.0),  # not a booking of real values: nothing booked
+    ("BOOK Oslo please", 0.0, 0.0),
+])
+def test_the_success_check_compares_every_slot_of_the_booking(booking, success, slots):
+    env = UserSimEnv()
+    _, assistant = one(env, "chatty", lambda turn: booking)
+    assert assistant.metrics["success"] == success and assistant.reward == success
+    assert assistant.metrics["slots_right"] == pytest.approx(slots)
+    assert assistant.info["user_sim"]["goal"] == "BOOK city=Oslo date=May 3 seats=2"
+
+
+def test_the_careful_assistant_always_succeeds_and_the_hasty_one_rarely():
+    for menu_mode in (False, True):
+        env = UserSimEnv(menu=menu_mode)
+        tasks = env.sample_tasks(80, random.Random(0))
+        careful = [ep.by_role("assistant")[0].metrics["success"] for ep in play(env, careful_assistant(), tasks)]
+        hasty = [ep.by_role("assistant")[0].metrics["success"] for ep in play(env, hasty_assistant(), tasks)]
+        assert sum(careful) == len(tasks)
+        assert sum(hasty) / len(tasks) < 0.25
+
+
+def test_booking_helpers():
+    assert parse_booking(booking_text(GOAL)) == GOAL and parse_booking("BOOK city=Oslo date=May 3 seats=9") is None
+    choices = menu(["I loved Rome, but want Oslo, on May 3, for 2 seats."])
+    assert choices[:3] == ["Which city?", "Which date?", "How many seats?"]
+    assert set(choices[3:]) == {"BOOK city=Rome date=May 3 seats=2", "BOOK city=Oslo date=May 3 seats=2"}
+    assert menu(["I need a booking."])[3:] == ["BOOK city=any date=any seats=any"]
+    train, held_out = split_goals()
+    assert not set(train) & set(held_out) and len(train) + len(held_out) == len(all_goals())
+
+
+def test_the_user_seat_is_scripted_and_untrained_unless_bound():
+    cfg = ExperimentConfig.model_validate({"env": [{"id": "user_sim"}]})
+    user = cfg.env[0].roles["user"]
+    assert user.model == "scripted" and user.trainable is False and "scripted_user" in user.policy
+    cfg = ExperimentConfig.model_validate({"env": [{"id": "user_sim", "roles": {"user": {"model": "tiny"}}}]})
+    assert cfg.env[0].roles["user"].model == "tiny"
+    with pytest.raises(ValueError, match="personas"):
+        UserSimEnv(personas=["grumpy"])
