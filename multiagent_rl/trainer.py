@@ -34,6 +34,7 @@ from .health import RunHealth, RunStopped
 from .models import load_model_and_tokenizer
 from .rollout import Orchestrator, episode_metrics
 from .sinks import JsonlEpisodeSink
+from .trace_dataset import ParquetEpisodeSink
 from .trainer_config import MixedAlgorithmConfig
 
 
@@ -89,8 +90,7 @@ class MixedAlgorithmTrainer(GRPOTrainer):
             groups_per_step=args.groups_per_step, max_concurrency=args.max_concurrency,
             sampling=SamplingParams(temperature=args.temperature, top_p=args.top_p,
                                     max_new_tokens=args.max_completion_length),
-            sink=JsonlEpisodeSink(os.path.join(args.output_dir, "episodes"), rank)
-            if args.save_episodes and args.output_dir else None,
+            sink=episode_sink(args, rank),
             health=RunHealth(args.max_failed_steps, args.max_skipped_steps),
         )
         self.health = self.rollout.health
@@ -271,3 +271,13 @@ class MixedAlgorithmTrainer(GRPOTrainer):
 
 
 __all__ = ["MixedAlgorithmConfig", "MixedAlgorithmTrainer", "TrainingInterrupted"]
+
+
+def episode_sink(args, rank: int):
+    """Where the played episodes go: ``args.episode_format`` under ``args.output_dir`` (None when not saved)."""
+    if not args.save_episodes or not args.output_dir:
+        return None
+    if args.episode_format == "jsonl":
+        return JsonlEpisodeSink(os.path.join(args.output_dir, "episodes"), rank)
+    return ParquetEpisodeSink(os.path.join(args.output_dir, "traces"), rank,
+                              run=os.path.basename(os.path.normpath(args.output_dir)))

@@ -35,7 +35,13 @@ class MixedAlgorithmConfig(GRPOConfig):
     groups_per_step: int = field(default=4, metadata={"help": "Task groups each process plays per generation round."})
     max_concurrency: int = field(default=256, metadata={"help": "Most episodes in flight at once per process."})
     save_episodes: bool = field(
-        default=True, metadata={"help": "Append every played episode (JSON lines) to output_dir/episodes/."}
+        default=True, metadata={"help": "Keep every played episode (see episode_format) under output_dir."}
+    )
+    episode_format: str = field(
+        default="parquet",
+        metadata={"help": "'parquet': one zstd Parquet shard of trace rows per step in output_dir/traces/ "
+                          "(multiagent_rl.trace_dataset.load_traces); 'jsonl': one JSON line per episode in "
+                          "output_dir/episodes/ (multiagent_rl.sinks.load_episode_logs)."},
     )
     max_failed_steps: int = field(
         default=3,
@@ -63,6 +69,8 @@ class MixedAlgorithmConfig(GRPOConfig):
     max_completion_length: int | None = field(default=64, metadata={"help": "Default max new tokens per reply."})
 
     def __post_init__(self):
+        if self.episode_format not in ("parquet", "jsonl"):
+            raise ValueError(f"episode_format={self.episode_format!r}: 'parquet' or 'jsonl'")
         if not torch.cuda.is_available():
             self.use_cpu = True
             self.bf16 = False

@@ -20,7 +20,7 @@ the same deals, baselines and evaluation curve as an uninterrupted run). Ctrl-C 
 in flight, saves a checkpoint, the summary and the model, and exits with status 130.
 ``--algo max_rl`` trains on the chips mapped to [0, 1], (chips + 2) / 4, since MaxRL needs
 rewards in [0, 1]. Outputs in ``--output-dir``: ``summary.json``, ``exploitability.png``, the
-episodes (JSON lines), checkpoints and the final model.
+episodes (Parquet trace shards, or JSON lines with ``--episode-format jsonl``), checkpoints and the final model.
 """
 
 from __future__ import annotations
@@ -136,6 +136,8 @@ def parse(argv=None) -> tuple[argparse.Namespace, set[str]]:
     p.add_argument("--save-every", type=int, default=100, help="steps between checkpoints (0: none)")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --output-dir")
     p.add_argument("--output-dir", help="where everything is written (default outputs/kuhn_poker)")
+    p.add_argument("--episode-format", choices=("parquet", "jsonl"), default="parquet",
+                   help="the episode log: Parquet trace shards in traces/ or JSON lines in episodes/")
     p.add_argument("--config", help="a TOML experiment config; flags given explicitly are written over it")
     p.add_argument("--seed", type=int, help="default 0")
     p.add_argument("--report-to", nargs="*", help="trackers, e.g. wandb (WANDB_MODE=offline) or trackio")
@@ -155,6 +157,7 @@ def main(argv=None) -> dict:
     config = from_file(args.config, args, given) if args.config else experiment(args)
     trainer_cfg = config.trainer
     trainer_cfg.setdefault("output_dir", args.output_dir)
+    trainer_cfg.setdefault("episode_format", args.episode_format)
     if args.save_every:
         trainer_cfg.update(save_strategy="steps", save_steps=args.save_every, save_total_limit=2)
     else:

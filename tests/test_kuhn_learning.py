@@ -14,7 +14,7 @@ def test_default_recipe_beats_uniform_play(tmp_path):
 
     # The default recipe (500 steps: 100 sft warm-up + 400 rae with the entropy bonus, legal-action
     # harness), about 11 minutes on 2 cores (676 s measured, sharing them with a second run). Measured over seeds 0-2: docs/kuhn_poker_results.md.
-    summary = kuhn_poker.main(["--eval-every", "20", "--output-dir", str(tmp_path)])
+    summary = kuhn_poker.main(["--eval-every", "20", "--output-dir", str(tmp_path), "--episode-format", "jsonl"])
     uniform = 11 / 24
     assert summary["legal_choices"]
     # the harness was in effect: every action token the policy played in the last step was constrained

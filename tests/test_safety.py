@@ -512,7 +512,7 @@ def test_episode_logs_are_strict_json_with_one_schema(tmp_path, tiny):
     }
     files = []
     for name, experiment in runs.items():
-        trainer = trainer_for(tmp_path / name, tiny, experiment, save_episodes=True, max_steps=1)
+        trainer = trainer_for(tmp_path / name, tiny, experiment, save_episodes=True, episode_format="jsonl", max_steps=1)
         trainer.train()
         path = tmp_path / name / "run" / "episodes" / "rank0.jsonl"
         lines = path.read_text().splitlines()

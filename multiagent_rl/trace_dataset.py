@@ -1,0 +1,219 @@
+"""Traces as a Hugging Face ``datasets.Dataset``: one row per trace, one schema for every run.
+
+The schema (:func:`trace_features`) is fixed, so the traces of different runs and environments load and
+concatenate together. Free-form mappings (metrics, info) are JSON-encoded strings; everything per token is
+a flat list aligned with ``token_ids``:
+
+================  =====================================================================================
+column            meaning
+================  =====================================================================================
+run               the run's name (``output_dir``'s folder name unless given)
+step              the training step that played the episode
+episode, group    the episode's id and its task group's id; ``trace_index``: the trace's place in it
+env, role, model  the environment's label, the seat, the model that played it (``policy`` = trained one)
+trainable         whether the trace was trained on; ``algorithm``: the algorithm that scored it (or null)
+episode_ok        False for a failed episode (its ``episode_errors`` say why; never trained on)
+task              the task: prompt, system_prompt, answer, id, info (JSON), sampling (JSON)
+messages          the conversation as the seat saw it (``role``, ``content``)
+token_ids         every token of the trace, in order
+token_kinds       per token: ``prompt``, ``action`` or ``observation``
+logprobs          per token: the sampling log-probability (null where not sampled)
+allowed           per token: the ids a constrained choice allowed (null: unconstrained)
+segments          per segment: kind, length, temperature, has_logprobs, has_allowed (for the exact round trip)
+rewards, reward   the named reward records (name, value, weight) and their weighted sum
+advantage_mean    mean advantage over the action tokens (null when the trace was not scored); ``_min``, ``_max``
+streams           the per-token loss streams (advantages, ce_weights, ref_kl_weights, ref_logprobs)
+metrics, info     JSON-encoded mappings; ``error``, ``last_reply``, ``token_exact`` as on the trace
+================  =====================================================================================
+
+:func:`episodes_to_dataset` and :func:`dataset_to_episodes` are exact inverses (a test checks it).
+:class:`ParquetEpisodeSink` writes one zstd-compressed Parquet shard per step and rank
+(``output_dir/traces/rank{r}/step-{step:06d}.parquet``); :func:`load_traces` reads any number of runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Iterable
+
+from .episode import Episode
+from .sinks import _finite, _text
+from .task import Task, TaskData
+from .trace import RewardRecord, Segment, TokenStreams, Trace
+
+SCHEMA_VERSION = 1
+
+
+def trace_features():
+    """The ``datasets.Features`` of a trace dataset (see the module docstring)."""
+    from datasets import Features, List, Value
+
+    text, f64, i64, flag = Value("string"), Value("float64"), Value("int64"), Value("bool")
+    return Features({
+        "run": text, "step": i64, "episode": text, "group": text, "trace_index": i64, "env": text,
+        "episode_ok": flag, "episode_errors": List(text), "episode_info": text,
+        "task": {"prompt": text, "system_prompt": text, "answer": text, "id": text, "info": text, "sampling": text},
+        "role": text, "model": text, "trainable": flag, "algorithm": text,
+        "messages": List({"role": text, "content": text}),
+        "token_ids": List(i64), "token_kinds": List(text), "logprobs": List(f64), "allowed": List(List(i64)),
+        "segments": List({"kind": text, "length": i64, "temperature": f64, "has_logprobs": flag,
+                          "has_allowed": flag}),
+        "rewards": List({"name": text, "value": f64, "weight": f64}), "reward": f64,
+        "advantage_mean": f64, "advantage_min": f64, "advantage_max": f64,
+        "streams": {"algorithm": text, "advantages": List(f64), "ce_weights": List(f64),
+                    "ref_kl_weights": List(f64), "ref_logprobs": List(f64)},
+        "metrics": text, "info": text, "error": text, "last_reply": text, "token_exact": flag,
+    })
+
+
+def trace_rows(episode: Episode, step: int, run: str = "") -> list[dict[str, Any]]:
+    """The rows of one episode, one per trace."""
+    data = episode.task.data
+    task = {"prompt": data.prompt, "system_prompt": data.system_prompt,
+            "answer": None if data.answer is None else str(data.answer), "id": data.id,
+            "info": _text(data.info), "sampling": _text(episode.task.sampling)}
+    rows = []
+    for index, trace in enumerate(episode.traces):
+        streams = trace.streams
+        action_adv = ([a for a, k in zip(streams.advantages, trace.token_kinds) if k == "action"]
+                      if streams is not None and streams.advantages is not None else [])
+        rows.append(_finite({
+            "run": run, "step": step, "episode": episode.id, "group": episode.group, "trace_index": index,
+            "env": episode.env, "episode_ok": episode.ok, "episode_errors": list(episode.errors),
+            "episode_info": _text(episode.info), "task": task,
+            "role": trace.role, "model": trace.model, "trainable": trace.trainable,
+            "algorithm": streams.algorithm if streams is not None else None,
+            "messages": [{"role": str(m.get("role")), "content": str(m.get("content"))} for m in trace.messages],
+            "token_ids": trace.token_ids, "token_kinds": trace.token_kinds,
+            "logprobs": [lp for s in trace.segments for lp in (s.logprobs or [None] * len(s.token_ids))],
+            "allowed": [a for s in trace.segments for a in (s.allowed or [None] * len(s.token_ids))],
+            "segments": [{"kind": s.kind, "length": len(s.token_ids), "temperature": s.temperature,
+                          "has_logprobs": s.logprobs is not None, "has_allowed": s.allowed is not None}
+                         for s in trace.segments],
+            "rewards": [{"name": r.name, "value": r.value, "weight": r.weight} for r in trace.rewards],
+            "reward": trace.reward,
+            "advantage_mean": sum(action_adv) / len(action_adv) if action_adv else None,
+            "advantage_min": min(action_adv) if action_adv else None,
+            "advantage_max": max(action_adv) if action_adv else None,
+            "streams": None if streams is None else {
+                "algorithm": streams.algorithm, "advantages": streams.advantages, "ce_weights": streams.ce_weights,
+                "ref_kl_weights": streams.ref_kl_weights, "ref_logprobs": streams.ref_logprobs},
+            "metrics": _text(trace.metrics), "info": _text(trace.info), "error": trace.error,
+            "last_reply": trace.last_reply, "token_exact": trace.token_exact,
+        }))
+    return rows
+
+
+def episodes_to_dataset(episodes: Iterable[tuple[int, Episode]], run: str = ""):
+    """``(step, episode)`` pairs as a trace dataset (an episode without traces contributes no row)."""
+    import datasets
+
+    rows = [row for step, ep in episodes for row in trace_rows(ep, step, run)]
+    return datasets.Dataset.from_list(rows, features=trace_features())
+
+
+def _trace(row: dict[str, Any]) -> Trace:
+    segments, start = [], 0
+    for s in row["segments"]:
+        end = start + s["length"]
+        segments.append(Segment(
+            kind=s["kind"], token_ids=row["token_ids"][start:end],
+            logprobs=row["logprobs"][start:end] if s["has_logprobs"] else None,
+            allowed=row["allowed"][start:end] if s["has_allowed"] else None, temperature=s["temperature"]))
+        start = end
+    st = row["streams"]
+    return Trace(
+        role=row["role"], segments=segments, trainable=row["trainable"], model=row["model"],
+        messages=[dict(m) for m in row["messages"]],
+        rewards=[RewardRecord(r["name"], r["value"], r["weight"]) for r in row["rewards"]],
+        metrics=json.loads(row["metrics"]), info=json.loads(row["info"]), error=row["error"],
+        last_reply=row["last_reply"], token_exact=row["token_exact"],
+        streams=None if st is None or st["algorithm"] is None and st["advantages"] is None else TokenStreams(**st),
+    )
+
+
+def dataset_to_episodes(dataset) -> list[tuple[int, Episode]]:
+    """The inverse of :func:`episodes_to_dataset`: ``(step, episode)`` pairs, in the order of first appearance."""
+    by_episode: dict[tuple[str, int, str], list[dict]] = defaultdict(list)
+    for row in dataset:
+        by_episode[(row["run"], row["step"], row["episode"])].append(row)
+    out = []
+    for (_, step, _), rows in by_episode.items():
+        rows.sort(key=lambda r: r["trace_index"])
+        first, t = rows[0], rows[0]["task"]
+        data = TaskData(prompt=t["prompt"], system_prompt=t["system_prompt"], answer=t["answer"],
+                        info=json.loads(t["info"]), id=t["id"])
+        out.append((step, Episode(
+            id=first["episode"], task=Task(data, json.loads(t["sampling"])), group=first["group"], env=first["env"],
+            traces=[_trace(r) for r in rows], errors=list(first["episode_errors"]), ok=first["episode_ok"],
+            info=json.loads(first["episode_info"]))))
+    return out
+
+
+class ParquetEpisodeSink:
+    """Each step's traces as one zstd-compressed Parquet shard, ``folder/rank{rank}/step-{step:06d}.parquet``.
+
+    A shard is written whole (to a temporary name, then renamed), so a crash never leaves a torn one; resuming
+    at step k deletes the shards of steps >= k, so each episode is kept exactly once.
+    """
+
+    def __init__(self, folder: str | os.PathLike, rank: int = 0, run: str = ""):
+        self.folder = Path(folder) / f"rank{rank}"
+        self.run = run
+        self.folder.mkdir(parents=True, exist_ok=True)
+
+    def write(self, episodes: list[Episode], step: int) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        rows = [row for ep in episodes for row in trace_rows(ep, step, self.run)]
+        if not rows:
+            return
+        table = pa.Table.from_pylist(rows, schema=trace_features().arrow_schema)
+        path = self.folder / f"step-{step:06d}.parquet"
+        tmp = path.with_suffix(".tmp")
+        pq.write_table(table, tmp, compression="zstd")
+        os.replace(tmp, path)
+
+    def resume(self, step: int) -> None:
+        for shard in self.folder.glob("step-*.parquet"):
+            if int(shard.stem.split("-")[1]) >= step:
+                shard.unlink()
+
+
+def load_traces(folders: str | os.PathLike | list[str | os.PathLike]):
+    """The trace shards under one or several folders (a run's ``traces/``, or any parent) as one dataset."""
+    import datasets
+
+    roots = [folders] if isinstance(folders, (str, os.PathLike)) else folders
+    files = sorted(str(p) for root in roots for p in Path(root).rglob("step-*.parquet"))
+    if not files:
+        raise FileNotFoundError(f"no trace shards (step-*.parquet) under {[str(r) for r in roots]}")
+    return datasets.load_dataset("parquet", data_files=files, features=trace_features(), split="train")
+
+
+def filter_traces(dataset, *, env: str | list[str] | None = None, role: str | list[str] | None = None,
+                  min_reward: float | None = None, steps: tuple[int, int] | None = None, ok_only: bool = True):
+    """The rows of ``dataset`` that match every given filter (``steps`` is an inclusive range)."""
+    envs = {env} if isinstance(env, str) else set(env or ())
+    roles = {role} if isinstance(role, str) else set(role or ())
+
+    def keep(row) -> bool:
+        return ((not envs or row["env"] in envs) and (not roles or row["role"] in roles)
+                and (min_reward is None or (row["reward"] is not None and row["reward"] >= min_reward))
+                and (steps is None or steps[0] <= row["step"] <= steps[1]) and (not ok_only or row["episode_ok"]))
+
+    return dataset.filter(keep)
+
+
+def to_sft_messages(dataset, include_system: bool = True):
+    """Rows as ``{"messages": [...]}``, the conversational format TRL's ``SFTTrainer`` takes (the trace's own
+    conversation, ending with its last reply)."""
+    def convert(row):
+        messages = [m for m in row["messages"] if include_system or m["role"] != "system"]
+        return {"messages": messages}
+
+    return dataset.map(convert, remove_columns=dataset.column_names)
