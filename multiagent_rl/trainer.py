@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+from pathlib import Path
 
 import torch
 from accelerate.utils import gather_object
@@ -31,6 +32,7 @@ from .collate import collate, trainable_samples
 from .config import ExperimentConfig
 from .episode import Episode
 from .health import RunHealth, RunStopped
+from .hub import base_model_id, fix_adapter_base, model_card_text
 from .models import load_model_and_tokenizer
 from .rollout import Orchestrator, episode_metrics
 from .sinks import JsonlEpisodeSink
@@ -61,6 +63,9 @@ class MixedAlgorithmTrainer(GRPOTrainer):
     def __init__(self, config: ExperimentConfig | dict, args: MixedAlgorithmConfig | None = None, model=None,
                  processing_class=None, callbacks=None):
         experiment = config if isinstance(config, ExperimentConfig) else ExperimentConfig.model_validate(config)
+        self.experiment = experiment
+        self.model_card_results: str | None = None
+        """Markdown results for the model card (recipes set it, e.g. the exploitability table)."""
         args = args or MixedAlgorithmConfig(**{"output_dir": "outputs/mixed", **experiment.trainer})
         if model is None:
             model, tok = load_model_and_tokenizer(experiment.model.name, device="cpu" if args.use_cpu else None)
@@ -226,6 +231,19 @@ class MixedAlgorithmTrainer(GRPOTrainer):
         if self.health.total_skipped:
             logs["health/skipped_steps"] = self.health.total_skipped
         super().log(logs, start_time)
+
+    def create_model_card(self, model_name=None, dataset_name=None, tags=None):
+        """The model card (``output_dir/README.md``, pushed with the model): the real base model's Hub id, the
+        environments, roles and algorithms, :attr:`model_card_results` and the command."""
+        if self.is_world_process_zero():
+            text = model_card_text(self.experiment, hub_model_id=self.hub_model_id, results=self.model_card_results,
+                                   adapter=self.experiment.model.lora is not None)
+            Path(self.args.output_dir, "README.md").write_text(text, encoding="utf-8")
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False):
+        super().save_model(output_dir, _internal_call)
+        if self.is_world_process_zero():  # a LoRA adapter names its base by Hub id, not the local path it came from
+            fix_adapter_base(output_dir or self.args.output_dir, base_model_id(self.experiment.model.name))
 
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)
