@@ -185,14 +185,25 @@ class ParquetEpisodeSink:
 
 
 def load_traces(folders: str | os.PathLike | list[str | os.PathLike]):
-    """The trace shards under one or several folders (a run's ``traces/``, or any parent) as one dataset."""
+    """The trace shards under one or several folders (a run's ``traces/``, or any parent) as one dataset. A folder
+    with only JSON-lines episode logs (``episode_format = "jsonl"``, ``rank*.jsonl``) is converted on the way."""
     import datasets
 
-    roots = [folders] if isinstance(folders, (str, os.PathLike)) else folders
-    files = sorted(str(p) for root in roots for p in Path(root).rglob("step-*.parquet"))
-    if not files:
-        raise FileNotFoundError(f"no trace shards (step-*.parquet) under {[str(r) for r in roots]}")
-    return datasets.load_dataset("parquet", data_files=files, features=trace_features(), split="train")
+    from .sinks import read_episodes
+
+    roots = [Path(f) for f in ([folders] if isinstance(folders, (str, os.PathLike)) else folders)]
+    parts = []
+    for root in roots:
+        shards = sorted(str(p) for p in root.rglob("step-*.parquet"))
+        if shards:
+            parts.append(datasets.load_dataset("parquet", data_files=shards, features=trace_features(), split="train"))
+            continue
+        logs = sorted(root.rglob("rank*.jsonl"))
+        if not logs:
+            raise FileNotFoundError(f"no trace shards (step-*.parquet) or episode logs (rank*.jsonl) under {root}")
+        run = (root.parent if root.name in ("episodes", "traces") else root).name
+        parts.append(episodes_to_dataset([pair for log in logs for pair in read_episodes(log)], run=run))
+    return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
 
 
 def filter_traces(dataset, *, env: str | list[str] | None = None, role: str | list[str] | None = None,
@@ -207,6 +218,21 @@ def filter_traces(dataset, *, env: str | list[str] | None = None, role: str | li
                 and (steps is None or steps[0] <= row["step"] <= steps[1]) and (not ok_only or row["episode_ok"]))
 
     return dataset.filter(keep)
+
+
+def to_sft_prompt_completion(dataset):
+    """One row per assistant reply: ``{"prompt": [the conversation before it], "completion": [the reply]}``, TRL's
+    conversational prompt–completion format (``SFTTrainer`` then computes the loss on the replies only)."""
+    def convert(batch):
+        prompts, completions = [], []
+        for messages in batch["messages"]:
+            for i, m in enumerate(messages):
+                if m["role"] == "assistant" and i > 0:
+                    prompts.append(messages[:i])
+                    completions.append([m])
+        return {"prompt": prompts, "completion": completions}
+
+    return dataset.map(convert, batched=True, remove_columns=dataset.column_names)
 
 
 def to_sft_messages(dataset, include_system: bool = True):

@@ -9,8 +9,9 @@ from multiagent_rl.agent import Agent
 from multiagent_rl.algorithms import build_algorithm
 from multiagent_rl.envs.kuhn_poker import KuhnPokerEnv
 from multiagent_rl.envs.user_sim import UserSimEnv, careful_assistant, hasty_assistant, scripted_user
+from multiagent_rl.sinks import JsonlEpisodeSink
 from multiagent_rl.trace_dataset import (ParquetEpisodeSink, dataset_to_episodes, episodes_to_dataset, filter_traces,
-                                         load_traces, to_sft_messages, trace_features)
+                                         load_traces, to_sft_messages, to_sft_prompt_completion, trace_features)
 
 
 @pytest.fixture
@@ -57,6 +58,10 @@ def test_parquet_shards_of_two_runs_load_together_and_resume_drops_later_steps(t
     per_episode = sum(len(ep.traces) for ep in kuhn_episodes)
     assert sorted(set(both["run"])) == ["a", "b"] and both["run"].count("a") == per_episode
     assert set(both["env"]) == {"kuhn_poker", "user_sim"}
+    # a JSON-lines episode log (episode_format = "jsonl") loads the same way
+    JsonlEpisodeSink(tmp_path / "c" / "episodes", rank=0).write(kuhn_episodes, 7)
+    old = load_traces(tmp_path / "c" / "episodes")
+    assert set(old["run"]) == {"c"} and set(old["step"]) == {7} and len(old) == per_episode
 
 
 def test_filters_and_the_sft_format(kuhn_episodes):
@@ -70,3 +75,7 @@ def test_filters_and_the_sft_format(kuhn_episodes):
 
     assert sft.column_names == ["messages"] and is_conversational(sft[0])
     assert sft[0]["messages"][-1]["role"] == "assistant" and sft[0]["messages"][-1]["content"].startswith("BOOK")
+    pc = to_sft_prompt_completion(best)  # one row per assistant reply, the reply as the completion
+    assert len(pc) == sum(sum(m["role"] == "assistant" for m in row["messages"]) for row in best)
+    assert is_conversational(pc[0]) and pc[0]["completion"][0]["role"] == "assistant"
+    assert pc[0]["prompt"] == sft[0]["messages"][:len(pc[0]["prompt"])]
