@@ -240,6 +240,24 @@ class MixedAlgorithmTrainer(GRPOTrainer):
                                    adapter=self.experiment.model.lora is not None)
             Path(self.args.output_dir, "README.md").write_text(text, encoding="utf-8")
 
+    def push_to_hub(self, commit_message: str | None = "End of training", blocking: bool = True, **kwargs):
+        """TRL's ``push_to_hub`` (weights, tokenizer, the model card), without the run's traces and episode logs:
+        push those to a dataset repository with :func:`multiagent_rl.hub.push_traces`."""
+        from transformers.utils import hub as transformers_hub
+
+        # Trainer.push_to_hub uploads output_dir with fixed ignore patterns; the traces are a dataset of their own
+        api = transformers_hub.hf_api()
+        original = api.upload_folder
+
+        def upload_folder(*args, ignore_patterns=None, **kw):
+            return original(*args, ignore_patterns=list(ignore_patterns or []) + ["traces/*", "episodes/*"], **kw)
+
+        api.upload_folder = upload_folder
+        try:
+            return super().push_to_hub(commit_message=commit_message, blocking=blocking, **kwargs)
+        finally:
+            api.upload_folder = original
+
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False):
         super().save_model(output_dir, _internal_call)
         if self.is_world_process_zero():  # a LoRA adapter names its base by Hub id, not the local path it came from

@@ -21,8 +21,9 @@ What it implements (the routes the installed clients call for the flows below):
 
 Errors carry the ``X-Error-Code`` header (``RepoNotFound``, ``RevisionNotFound``, ``EntryNotFound``) that
 ``huggingface_hub`` maps to its exception classes. A route this fake does not know answers 404 with a JSON error
-and is recorded in :attr:`LocalHub.unhandled` (and every request in :attr:`LocalHub.requests_log`), so a client
-flow that needs something new fails with a readable message instead of a mystery.
+and is recorded in :attr:`LocalHub.unhandled` (every request is in :attr:`LocalHub.requests_log`; a request a
+handler crashes on answers 400 and leaves its traceback in :attr:`LocalHub.errors`), so a client flow that needs
+something new fails with a readable message instead of a mystery.
 
 Simplifications: repo ids must be ``namespace/name``; a file goes through LFS when it is 10 MiB or larger or when
 its name matches a ``filter=lfs`` pattern of the repo's ``.gitattributes`` (created with the Hub's default one);
@@ -42,11 +43,13 @@ import json
 import os
 import threading
 import time
+import traceback
 import urllib.parse
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Self
 
 FAKE_TOKEN = "hf_fake"
 FAKE_USER = "fake-user"
@@ -57,11 +60,12 @@ LFS_SIZE_THRESHOLD = 10 * 1024 * 1024
 # The .gitattributes the Hub puts in every new repo (its LFS patterns decide "lfs" vs "regular" uploads).
 DEFAULT_GITATTRIBUTES = "".join(
     f"{pattern} filter=lfs diff=lfs merge=lfs -text\n"
-    for pattern in (
-        "*.7z *.arrow *.bin *.bz2 *.ckpt *.ftz *.gz *.h5 *.joblib *.lfs.* *.mlmodel *.model *.msgpack *.npy *.npz"
-        " *.onnx *.ot *.parquet *.pb *.pickle *.pkl *.pt *.pth *.rar *.safetensors saved_model/**/* *.tar.* *.tar"
-        " *.tflite *.tgz *.wasm *.xz *.zip *.zst *tfevents*"
-    ).split()
+    for pattern in [
+        "*.7z", "*.arrow", "*.bin", "*.bz2", "*.ckpt", "*.ftz", "*.gz", "*.h5", "*.joblib", "*.lfs.*", "*.mlmodel",
+        "*.model", "*.msgpack", "*.npy", "*.npz", "*.onnx", "*.ot", "*.parquet", "*.pb", "*.pickle", "*.pkl", "*.pt",
+        "*.pth", "*.rar", "*.safetensors", "saved_model/**/*", "*.tar.*", "*.tar", "*.tflite", "*.tgz", "*.wasm",
+        "*.xz", "*.zip", "*.zst", "*tfevents*",
+    ]
 )
 
 _REPO_TYPES = {"models": "model", "datasets": "dataset", "spaces": "space"}
@@ -70,7 +74,7 @@ _URL_PREFIX = {"model": "", "dataset": "datasets/", "space": "spaces/"}
 
 def _now() -> str:
     """The Hub's date format: ``2024-01-31T12:00:00.000Z``."""
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
 def _git_blob_oid(data: bytes) -> str:
@@ -141,7 +145,8 @@ class LocalHub:
 
     ``with LocalHub() as hub: url = hub.url`` (or ``url = hub.start()`` ... ``hub.stop()``). Point the clients at it
     with :func:`hub_env`. ``requests_log`` lists every ``(method, path)`` served (path without query string),
-    ``unhandled`` the ``(method, path?query)`` of requests no route matched.
+    ``unhandled`` the ``(method, path?query)`` of requests no route matched (answered 404), ``errors`` the
+    tracebacks of requests a handler crashed on (answered 400).
     """
 
     def __init__(self, token: str = FAKE_TOKEN, user: str = FAKE_USER):
@@ -151,6 +156,7 @@ class LocalHub:
         self.lfs_objects: dict[str, bytes] = {}  # sha256 -> content, filled by the LFS upload action
         self.requests_log: list[tuple[str, str]] = []
         self.unhandled: list[tuple[str, str]] = []
+        self.errors: list[str] = []  # tracebacks of requests that crashed a handler (answered 400)
         self._lock = threading.RLock()
         self._counter = itertools.count()
         self._server: ThreadingHTTPServer | None = None
@@ -165,7 +171,8 @@ class LocalHub:
             self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
             self._server.daemon_threads = True
             self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-            self._thread = threading.Thread(target=self._server.serve_forever, name="LocalHub", daemon=True)
+            self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), name="LocalHub",
+                                            daemon=True)
             self._thread.start()
         return self.url
 
@@ -176,7 +183,7 @@ class LocalHub:
             self._thread.join(timeout=5)
             self._server = self._thread = None
 
-    def __enter__(self) -> "LocalHub":
+    def __enter__(self) -> Self:
         self.start()
         return self
 
@@ -215,14 +222,22 @@ class LocalHub:
                 self.unhandled.append((method, raw_path))
                 raise HubError(404, f"LocalHub: no route for {method} {path} (see LocalHub.unhandled)")
             status, extra_headers, payload = result
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            # A request this fake cannot make sense of (a bug here or a new client payload): 400, not 500, because
+            # the client retries 5xx for a minute; the traceback goes to `errors`.
+            self.errors.append(f"{method} {raw_path}\n{traceback.format_exc()}")
+            return 400, {"Content-Type": "application/json"}, json.dumps(
+                {"error": f"LocalHub failed on {method} {path}: {type(e).__name__}: {e} (see LocalHub.errors)"}
+            ).encode()
         except HubError as e:
             status, payload = e.status, json.dumps({"error": e.message, **e.extra}).encode()
-            extra_headers = {"Content-Type": "application/json", "X-Error-Message": e.message, **e.headers}
+            extra_headers = {"Content-Type": "application/json", **e.headers,
+                             "X-Error-Message": e.message.encode("ascii", "replace").decode().replace("\n", " ")}
             if e.code:
                 extra_headers["X-Error-Code"] = e.code
         return status, extra_headers, payload
 
-    def _route(self, req: "_Request"):
+    def _route(self, req: _Request):
         seg = [urllib.parse.unquote(s) for s in req.path.strip("/").split("/")]
         m = "GET" if req.method == "HEAD" else req.method
         if seg[0] == "api":
@@ -255,13 +270,13 @@ class LocalHub:
         write = (m, op) in {("POST", "preupload"), ("POST", "commit"), ("PUT", "settings"), ("POST", "branch"),
                             ("DELETE", "branch"), ("POST", "tag")}
         repo = self._repo(repo_type, repo_id, req.authed, write=write)
-        rev = _revision(args)
+        rev, after_rev = _revision(args)
         if m == "GET" and op is None:
             return self._info(req, repo, "main")
         if m == "GET" and op == "revision" and args:
             return self._info(req, repo, rev)
         if m == "GET" and op == "tree" and args:
-            return self._tree(req, repo, rev, "/".join(args[len(rev.split("/")):]))
+            return self._tree(req, repo, rev, "/".join(after_rev))
         if m == "POST" and op == "paths-info" and args:
             return self._paths_info(req, repo, rev)
         if m == "POST" and op == "preupload" and args:
@@ -319,10 +334,11 @@ class LocalHub:
         repo.branches[branch] = oid
         return commit
 
-    def _is_lfs_path(self, repo: _Repo, path: str, size: int) -> bool:
+    @staticmethod
+    def _is_lfs_path(commit: _Commit, path: str, size: int) -> bool:
         if size >= LFS_SIZE_THRESHOLD:
             return True
-        attributes = self._commit(repo, "main").files.get(".gitattributes") if "main" in repo.branches else None
+        attributes = commit.files.get(".gitattributes")
         for line in (attributes.data.decode(errors="replace") if attributes else "").splitlines():
             parts = line.split()
             if len(parts) > 1 and "filter=lfs" in parts[1:]:
@@ -442,11 +458,10 @@ class LocalHub:
         return _json(items)
 
     def _preupload(self, req, repo: _Repo, revision: str):
-        # the branch may not exist yet with create_pr; then decide against main
-        commit = self._commit(repo, revision if revision in repo.branches or not req.flag("create_pr") else "main")
+        commit = self._commit(repo, revision)  # with create_pr too: the PR branches off `revision`
         files = []
         for item in req.json()["files"]:
-            lfs = self._is_lfs_path(repo, item["path"], item["size"])
+            lfs = self._is_lfs_path(commit, item["path"], item["size"])
             existing = commit.files.get(item["path"])
             # "oid" lets the client skip unchanged files: the sha256 for LFS files, the git blob oid otherwise
             oid = None if existing is None else (existing.sha256 if lfs else existing.git_oid)
@@ -614,13 +629,13 @@ class _Request:
         return (self.query.get(name) or ["false"])[0].lower() in ("1", "true")
 
 
-def _revision(args: list[str]) -> str:
-    """The revision at the start of ``args`` (already unquoted); tolerates an unquoted ``refs/pr/N``."""
+def _revision(args: list[str]) -> tuple[str, list[str]]:
+    """``(revision, the segments after it)`` from URL segments (each already unquoted: the clients quote a
+    revision with ``safe=""``, so ``refs%2Fpr%2F1`` is one segment); tolerates an unquoted ``refs/pr/N``."""
     if not args:
-        return "main"
-    if args[0] == "refs" and len(args) >= 3:
-        return "/".join(args[:3])
-    return args[0]
+        return "main", []
+    n = 3 if args[0] == "refs" and len(args) >= 3 else 1
+    return "/".join(args[:n]), args[n:]
 
 
 def _json(obj, status: int = 200, content_type: str = "application/json"):
@@ -658,7 +673,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     do_GET = do_HEAD = do_POST = do_PUT = do_DELETE = do_PATCH = _serve
 
-    def log_message(self, format, *args):  # noqa: A002 - silence the default stderr access log
+    def log_message(self, format, *args):  # silence the default stderr access log
         pass
 
 
@@ -730,6 +745,10 @@ def hub_env(url: str, home: str | os.PathLike, token: str = FAKE_TOKEN):
     def reset_clients():
         huggingface_hub.HfFileSystem.clear_instance_cache()  # fsspec caches instances (with their endpoint)
         _http.close_session()  # pooled connections to this (soon stopped) server
+        if importlib.util.find_spec("transformers") is not None:
+            import transformers.utils.hub as transformers_hub
+
+            transformers_hub._hf_api = None  # transformers keeps one shared HfApi (with its endpoint) per process
 
     try:
         os.environ.update(env)
