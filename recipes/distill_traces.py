@@ -1,0 +1,102 @@
+"""Rejection-sampling fine-tuning: distil a run's best traces into a fresh model with TRL's SFTTrainer.
+
+    python recipes/user_sim.py --output-dir outputs/user_sim          # a run to distil (any run with traces)
+    python recipes/distill_traces.py --traces outputs/user_sim/traces  # ~2 minutes on 2 cores
+
+Takes the simulated-user run's assistant traces (``--env``, ``--role``, ``--steps``), keeps the successful ones
+(``--min-reward``), turns every assistant reply into a prompt–completion pair (the loss is on the reply only) and
+fine-tunes a fresh copy of the base model with ``trl.SFTTrainer``. For comparison it also fine-tunes, on as many
+examples, a copy on traces drawn without the reward filter. All three (base, SFT on any traces, SFT on the best)
+are evaluated by greedy success per persona on held-out scenarios against the scripted user. Writes
+``summary.json`` to ``--output-dir``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+from multiagent_rl.agent import Agent, AgentConfig  # noqa: E402
+from multiagent_rl.backends import TransformersBackend  # noqa: E402
+from multiagent_rl.eval.user_sim import held_out_scenarios, success_by_persona  # noqa: E402
+from multiagent_rl.envs.user_sim import UserSimEnv  # noqa: E402
+from multiagent_rl.models import load_model_and_tokenizer  # noqa: E402
+from multiagent_rl.trace_dataset import filter_traces, load_traces, to_sft_prompt_completion  # noqa: E402
+
+
+def fine_tune(rows, args, name: str):
+    """A fresh base model fine-tuned on ``rows`` (prompt–completion) with TRL's SFTTrainer."""
+    import torch
+    from trl import SFTConfig, SFTTrainer
+
+    model, tokenizer = load_model_and_tokenizer(args.model)
+    cpu = not torch.cuda.is_available()
+    config = SFTConfig(
+        output_dir=str(Path(args.output_dir) / name), num_train_epochs=args.epochs, learning_rate=args.lr,
+        per_device_train_batch_size=args.batch_size, lr_scheduler_type="constant", logging_steps=20,
+        save_strategy="no", report_to=[], seed=args.seed, max_length=None,
+        use_cpu=cpu, bf16=not cpu, gradient_checkpointing=False,  # TRL's defaults are GPU ones
+    )
+    SFTTrainer(model=model, args=config, train_dataset=rows, processing_class=tokenizer).train()
+    return model, tokenizer
+
+
+def evaluate(model, tokenizer, env: UserSimEnv, tasks) -> dict[str, float]:
+    greedy = Agent(AgentConfig(model="policy", sampling={"temperature": 0.0, "max_new_tokens": 24}),
+                   TransformersBackend(model.eval(), tokenizer))
+    return success_by_persona(greedy, env, tasks)
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--traces", required=True, help="a run's traces/ (or episodes/) folder; several runs: repeat")
+    p.add_argument("--more-traces", nargs="*", default=[])
+    p.add_argument("--env", default="user_sim")
+    p.add_argument("--role", default="assistant")
+    p.add_argument("--min-reward", type=float, default=1.0)
+    p.add_argument("--steps", type=int, nargs=2, metavar=("FIRST", "LAST"), help="inclusive step range")
+    p.add_argument("--model", default="tiny")
+    p.add_argument("--epochs", type=float, default=2.0)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--max-examples", type=int, default=2000, help="replies per condition (drawn at random)")
+    p.add_argument("--per-persona", type=int, default=16)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--output-dir", default="outputs/distill_traces")
+    args = p.parse_args(argv)
+
+    traces = load_traces([args.traces, *args.more_traces])
+    pool = filter_traces(traces, env=args.env, role=args.role, steps=tuple(args.steps) if args.steps else None)
+    best = filter_traces(pool, min_reward=args.min_reward)
+    if len(best) == 0:
+        raise SystemExit(f"no {args.env}/{args.role} trace reaches reward {args.min_reward}: nothing to distil")
+    best_rows = to_sft_prompt_completion(best)
+    n = min(len(best_rows), args.max_examples)
+    best_rows = best_rows.shuffle(seed=args.seed).select(range(n))
+    any_rows = to_sft_prompt_completion(pool).shuffle(seed=args.seed).select(range(n))
+
+    env = UserSimEnv(menu=True, split="held_out")
+    tasks = held_out_scenarios(env, args.per_persona)
+    random.seed(args.seed)
+    results = {"base": evaluate(*load_model_and_tokenizer(args.model), env, tasks)}
+    for name, rows in (("sft_any", any_rows), ("sft_best", best_rows)):
+        results[name] = evaluate(*fine_tune(rows, args, name), env, tasks)
+    summary = {"traces": len(pool), "best_traces": len(best), "examples_per_condition": n,
+               "min_reward": args.min_reward, "held_out_success": results}
+    out = Path(args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    keys = list(results["base"])
+    print("| model | " + " | ".join(keys) + " |")
+    for name, r in results.items():
+        print(f"| {name} | " + " | ".join(f"{r[k]:.2f}" for k in keys) + " |")
+    return summary
+
+
+if __name__ == "__main__":
+    main()
