@@ -1,9 +1,10 @@
 """Rejection-sampling fine-tuning: distil a run's best traces into a fresh model with TRL's SFTTrainer.
 
     python recipes/user_sim.py --output-dir outputs/user_sim          # a run to distil (any run with traces)
-    python recipes/distill_traces.py --traces outputs/user_sim/traces  # ~2 minutes on 2 cores
+    python recipes/distill_traces.py --traces outputs/user_sim/traces --steps 150 300   # ~4 minutes on 2 cores
 
-Takes the simulated-user run's assistant traces (``--env``, ``--role``, ``--steps``), keeps the successful ones
+Takes the simulated-user run's assistant traces (``--env``, ``--role``, ``--steps``; a run's ``traces/`` or, for
+``episode_format = "jsonl"`` runs, ``episodes/``), keeps the successful ones
 (``--min-reward``), turns every assistant reply into a prompt–completion pair (the loss is on the reply only) and
 fine-tunes a fresh copy of the base model with ``trl.SFTTrainer``. For comparison it also fine-tunes, on as many
 examples, a copy on traces drawn without the reward filter. All three (base, SFT on any traces, SFT on the best)
@@ -56,7 +57,7 @@ def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--traces", required=True, help="a run's traces/ (or episodes/) folder; several runs: repeat")
     p.add_argument("--more-traces", nargs="*", default=[])
-    p.add_argument("--env", default="user_sim")
+    p.add_argument("--env", help="the env's label in the run (recipes/user_sim.py: 'dialogue'); default: all")
     p.add_argument("--role", default="assistant")
     p.add_argument("--min-reward", type=float, default=1.0)
     p.add_argument("--steps", type=int, nargs=2, metavar=("FIRST", "LAST"), help="inclusive step range")
@@ -74,7 +75,8 @@ def main(argv=None) -> dict:
     pool = filter_traces(traces, env=args.env, role=args.role, steps=tuple(args.steps) if args.steps else None)
     best = filter_traces(pool, min_reward=args.min_reward)
     if len(best) == 0:
-        raise SystemExit(f"no {args.env}/{args.role} trace reaches reward {args.min_reward}: nothing to distil")
+        raise SystemExit(f"no {args.env or 'any env'}/{args.role} trace reaches reward {args.min_reward}: nothing to "
+                         "distil")
     best_rows = to_sft_prompt_completion(best)
     n = min(len(best_rows), args.max_examples)
     best_rows = best_rows.shuffle(seed=args.seed).select(range(n))

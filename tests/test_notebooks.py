@@ -24,6 +24,8 @@ NOTEBOOKS: dict[str, tuple[str, ...]] = {
     "notebooks/kuhn_poker_selfplay.ipynb": ("exploitability", "current", "average", "chips_vs_nash_p0"),
     "notebooks/proposer_solver.ipynb": ("validity after the warm-up", "held-out accuracy", "learnability: proposer",
                                         "proposer reward="),
+    "notebooks/traces_to_sft.ipynb": ("successful:", "base model, held-out success:",
+                                      "fine-tuned on the successful traces, held-out success:"),
     "notebooks/user_sim.ipynb": ("chatty success 1.0", "held-out success per persona", "'adversarial':"),
     "notebooks/agentic_judge.ipynb": ("judge called run_python ok sandboxed", "judge verdict:", "judged pass rate: first"),
 }
