@@ -17,11 +17,11 @@ the reward is the weighted mean over criteria.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from .text import last_json_object
 
 
 class VerdictError(ValueError):
@@ -86,7 +86,7 @@ class Rubric(BaseModel):
 
     def parse(self, reply: str) -> dict[str, Verdict]:
         """The verdicts in ``reply``, by criterion name; raises :class:`VerdictError` saying what is wrong."""
-        obj = _last_json_object(reply)
+        obj = last_json_object(reply)
         if not isinstance(obj, dict) or not isinstance(obj.get("verdicts"), list):
             raise VerdictError(f'no JSON object with a "verdicts" list in the judge\'s reply: {reply[-300:]!r}')
         by_name = {c.name: c for c in self.criteria}
@@ -113,19 +113,3 @@ class Rubric(BaseModel):
         """A verdict as a judge writes it (for scripted judges, docs and warm-up data)."""
         return json.dumps({"verdicts": [{"name": c.name, "reason": reason, "verdict": choices[c.name]}
                                         for c in self.criteria]})
-
-
-_FENCE = re.compile(r"```(?:json)?")
-
-
-def _last_json_object(text: str) -> Any:
-    text = _FENCE.sub("", text).rstrip()
-    decoder = json.JSONDecoder()
-    for start in (i for i in range(len(text) - 1, -1, -1) if text[i] == "{"):
-        try:
-            obj, end = decoder.raw_decode(text, start)
-        except json.JSONDecodeError:
-            continue
-        if text[end:].strip() == "":
-            return obj
-    return None

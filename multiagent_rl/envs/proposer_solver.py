@@ -35,6 +35,7 @@ from ..env import Env
 from ..games.arithmetic import LEVELS, TOPICS, evaluate, level_of, make_problem
 from ..rewards import PROPOSER_REWARDS, learnability
 from ..task import Task, TaskData
+from ..text import last_json_object
 
 ROLES = ("proposer", "solver")
 
@@ -53,27 +54,14 @@ def proposal_text(problem: str, answer: int, difficulty: int | None = None) -> s
     return json.dumps(fields)
 
 
-_FENCE = re.compile(r"```(?:json)?")
-
-
 def parse_proposal(reply: str) -> tuple[str, int] | None:
     """``(problem, answer)`` from a reply that ends with one JSON object, or None when it does not."""
-    text = _FENCE.sub("", reply).rstrip()
-    if not text.endswith("}"):
+    obj = last_json_object(reply)
+    if not isinstance(obj, dict):
         return None
-    decoder = json.JSONDecoder()
-    for start in (i for i in range(len(text) - 1, -1, -1) if text[i] == "{"):
-        try:
-            obj, end = decoder.raw_decode(text, start)
-        except json.JSONDecodeError:
-            continue
-        if end != len(text):
-            continue
-        problem, answer = obj.get("problem") if isinstance(obj, dict) else None, obj.get("answer") if isinstance(
-            obj, dict) else None
-        if isinstance(problem, str) and problem.strip() and type(answer) is int:
-            return problem.strip(), answer
-        return None
+    problem, answer = obj.get("problem"), obj.get("answer")
+    if isinstance(problem, str) and problem.strip() and type(answer) is int:
+        return problem.strip(), answer
     return None
 
 
