@@ -211,7 +211,7 @@ class MixedAlgorithmTrainer(GRPOTrainer):
         world = self.accelerator.num_processes
         loss, parts = loss_module.compute_loss(
             logps, entropies, inputs, lambda count: count.clamp(min=1.0) / world * window,
-            self.epsilon_low, self.epsilon_high, self.args.entropy_coef)
+            self.epsilon_low, self.epsilon_high, self.args.entropy_coef_at(self.state.global_step))
         sums = loss_module.metric_sums(parts, entropies, inputs, self.step_tags, self.streams_of_tag)
         values = loss_module.reduce_metrics(sums, lambda t: self.accelerator.reduce(t, reduction="sum"),
                                             scale=self.args.steps_per_generation if mode == "train" else 1.0)
@@ -230,6 +230,8 @@ class MixedAlgorithmTrainer(GRPOTrainer):
         logs["episodes"] = self.rollout.episodes_played
         if self.health.total_skipped:
             logs["health/skipped_steps"] = self.health.total_skipped
+        if self.args.entropy_coef_final is not None:
+            logs["entropy_coef"] = self.args.entropy_coef_at(self.state.global_step)
         super().log(logs, start_time)
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):

@@ -51,6 +51,15 @@ class MixedAlgorithmConfig(GRPOConfig):
     max_skipped_steps: int = field(
         default=3, metadata={"help": "Stop after this many consecutive steps skipped for a non-finite loss/gradient."}
     )
+    entropy_coef_final: float | None = field(
+        default=None,
+        metadata={"help": "Anneal the entropy bonus: entropy_coef at entropy_anneal_start, this value from "
+                          "entropy_anneal_end on, linear in between (None: a constant entropy_coef)."},
+    )
+    entropy_anneal_start: int = field(default=0, metadata={"help": "Step where the entropy annealing starts."})
+    entropy_anneal_end: int | None = field(
+        default=None, metadata={"help": "Step where the entropy bonus reaches entropy_coef_final (None: max_steps)."}
+    )
     skip_zero_advantage: bool = field(
         default=False,
         metadata={"help": "Leave zero-advantage samples out of the rl token count (default: count them, as TRL's "
@@ -69,6 +78,11 @@ class MixedAlgorithmConfig(GRPOConfig):
     max_completion_length: int | None = field(default=64, metadata={"help": "Default max new tokens per reply."})
 
     def __post_init__(self):
+        if self.entropy_coef_final is not None:
+            end = self.entropy_anneal_end if self.entropy_anneal_end is not None else self.max_steps
+            if self.entropy_coef_final < 0 or end <= self.entropy_anneal_start:
+                raise ValueError(f"entropy annealing from step {self.entropy_anneal_start} to {end} towards "
+                                 f"{self.entropy_coef_final}: the end must come after the start, the value be >= 0")
         if self.episode_format not in ("parquet", "jsonl"):
             raise ValueError(f"episode_format={self.episode_format!r}: 'parquet' or 'jsonl'")
         if not torch.cuda.is_available():
@@ -114,3 +128,12 @@ class MixedAlgorithmConfig(GRPOConfig):
         for name in ("groups_per_step", "max_failed_steps", "max_skipped_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be at least 1")
+
+    def entropy_coef_at(self, step: int) -> float:
+        """The entropy bonus at ``step``: ``entropy_coef``, or its linear anneal to ``entropy_coef_final``."""
+        if self.entropy_coef_final is None:
+            return self.entropy_coef
+        start = self.entropy_anneal_start
+        end = self.entropy_anneal_end if self.entropy_anneal_end is not None else self.max_steps
+        frac = min(1.0, max(0.0, (step - start) / (end - start)))
+        return self.entropy_coef + frac * (self.entropy_coef_final - self.entropy_coef)

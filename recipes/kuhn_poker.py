@@ -72,6 +72,8 @@ def experiment(args) -> ExperimentConfig:
             "max_steps": args.steps,
             "learning_rate": args.lr,
             "entropy_coef": args.entropy_coef,
+            **({"entropy_coef_final": args.entropy_final, "entropy_anneal_start": args.warmup_steps}
+               if args.entropy_final is not None else {}),
             "lr_scheduler_type": "constant",
             "groups_per_step": args.groups_per_step,
             "seed": args.seed,
@@ -130,6 +132,9 @@ def parse(argv=None) -> tuple[argparse.Namespace, set[str]]:
                         "harness, where it is the entropy over the two legal words and keeps self-play from "
                         "collapsing to pure strategies; 0 with --free-text, where it would spread mass over the "
                         "whole vocabulary")
+    p.add_argument("--entropy-final", type=float,
+                   help="anneal the entropy bonus linearly to this value, from the end of the warm-up to the last "
+                        "step (the trainer's entropy_coef_final; default: a constant bonus)")
     p.add_argument("--free-text", action="store_true", default=None,
                    help="free-text replies (invalid ones re-prompted, then forfeited) instead of the legal-action harness")
     p.add_argument("--eval-every", type=int, default=10, help="steps between exact evaluations (and log lines)")

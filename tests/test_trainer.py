@@ -674,3 +674,27 @@ def test_entropy_bonus_subtracts_mean_entropy_of_rl_tokens(tmp_path, tiny, make_
     assert abs((loss0 - loss1).item() - expected.item()) < 1e-5
     with pytest.raises(ValueError, match="use_adaptive_entropy"):
         mixed_args(tmp_path / "run", use_adaptive_entropy=True)
+
+
+def test_an_annealed_entropy_bonus_is_linear_between_its_steps(tmp_path, tiny, make_trace, make_episode,
+                                                                fixed_trainer, mixed_args, loss_and_grads):
+    """entropy_coef c0 → c1 from step a to step b: at step s the bonus is c0 + (c1 − c0)·clip((s − a)/(b − a), 0, 1)."""
+    experiment = {"algo": {"type": "grpo"}, "env": [{"id": "single", "instance": single_env(), "group_size": 4}]}
+    plain = fixed_trainer(tmp_path / "a", tiny, experiment, _grpo_episodes(make_trace, make_episode))
+    annealed = fixed_trainer(tmp_path / "b", tiny, experiment, _grpo_episodes(make_trace, make_episode),
+                             entropy_coef=0.5, entropy_coef_final=0.1, entropy_anneal_start=2, entropy_anneal_end=6)
+    batch = plain._generate_and_score_completions(None)
+    loss0, _ = loss_and_grads(plain, batch)
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
+    mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
+    with torch.no_grad():
+        logits = annealed.model(input_ids=ids, attention_mask=mask).logits[:, -batch["completion_ids"].size(1) - 1 : -1]
+        logp = torch.log_softmax(logits.float(), -1)
+        mean_entropy = ((-(logp.exp() * logp).sum(-1)) * batch["rl_mask"]).sum() / batch["num_rl_tokens"]
+    for step, coef in ((0, 0.5), (2, 0.5), (3, 0.4), (5, 0.2), (6, 0.1), (9, 0.1)):
+        annealed.state.global_step = step
+        loss, _ = loss_and_grads(annealed, batch)
+        assert abs((loss0 - loss).item() - coef * mean_entropy.item()) < 1e-5, step
+    with pytest.raises(ValueError, match="end must come after the start"):
+        mixed_args(tmp_path / "run", entropy_coef=0.3, entropy_coef_final=0.0, entropy_anneal_start=5,
+                   entropy_anneal_end=5)
