@@ -22,15 +22,14 @@ drives it token by token, so a vLLM server; see docs/agentic_judge.md); the defa
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 from multiagent_rl.config import ExperimentConfig  # noqa: E402
-from multiagent_rl.trainer import MixedAlgorithmTrainer, TrainingInterrupted  # noqa: E402
+from multiagent_rl.recipe import finish, train  # noqa: E402
+from multiagent_rl.trainer import MixedAlgorithmTrainer  # noqa: E402
 
 METRICS = ("judged_pass", "correct", "fooled_tests", "tests_pass", "judge_score", "tests")
 
@@ -115,28 +114,15 @@ def main(argv=None) -> dict:
     args = p.parse_args(argv)
 
     trainer = MixedAlgorithmTrainer(experiment(args))
-    interrupted = None
-    try:
-        trainer.train()
-    except TrainingInterrupted as exc:
-        interrupted = exc
+    interrupted = train(trainer)
     rows = curves(trainer.state.log_history)
     summary = {
         "command": "python recipes/agentic_judge.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "reward": args.reward, "steps": trainer.state.global_step, "interrupted": interrupted is not None,
         **summarize(rows, args.start_logs), "curves": rows,
     }
-    out = Path(trainer.args.output_dir)
-    if trainer.accelerator.is_main_process:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "summary.json").write_text(json.dumps(summary, indent=2))
-        plot(rows, str(out / "judge.png"), f"solver rewarded by the {args.reward}, seed {args.seed}")
-        trainer.save_model(str(out / "final_model"))
-        print(json.dumps({k: v for k, v in summary.items() if k != "curves"}, indent=2))
-        print(f"wrote {out / 'summary.json'} and {out / 'judge.png'}")
-    if interrupted is not None:
-        print(f"interrupted at step {interrupted.step}: checkpoint {interrupted.checkpoint}")
-        sys.exit(130)
+    finish(trainer, summary, lambda path: plot(rows, path, f"solver rewarded by the {args.reward}, seed {args.seed}"),
+           "judge.png", interrupted)
     return summary
 
 

@@ -21,17 +21,16 @@ Outputs in ``--output-dir``: ``summary.json``, ``curriculum.png``, the episodes,
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 from multiagent_rl.callbacks import PhaseLearningRate  # noqa: E402
 from multiagent_rl.config import ExperimentConfig  # noqa: E402
 from multiagent_rl.eval.proposer_solver import SolverEvaluation, curves, plot_curriculum  # noqa: E402
-from multiagent_rl.trainer import MixedAlgorithmTrainer, TrainingInterrupted  # noqa: E402
+from multiagent_rl.recipe import finish, train  # noqa: E402
+from multiagent_rl.trainer import MixedAlgorithmTrainer  # noqa: E402
 
 ENV = "multiagent_rl.envs.proposer_solver"
 
@@ -132,11 +131,7 @@ def main(argv=None) -> dict:
     callbacks = [evaluation, PhaseLearningRate([(0, args.warmup_steps, args.warmup_lr)])]
     trainer = MixedAlgorithmTrainer(config, callbacks=callbacks)
     evaluation.trainer = trainer
-    interrupted = None
-    try:
-        trainer.train(resume_from_checkpoint=True if args.resume else None)
-    except TrainingInterrupted as exc:
-        interrupted = exc
+    interrupted = train(trainer, resume=args.resume)
     rows = curves(trainer.state.log_history, args.levels)
     summary = {
         "command": "python recipes/proposer_solver.py " + " ".join(argv if argv is not None else sys.argv[1:]),
@@ -144,17 +139,8 @@ def main(argv=None) -> dict:
         **summarize(rows, evaluation.points, args.levels, args, evaluation.validity_after_warmup),
         "curves": rows, "held_out": evaluation.points,
     }
-    out = Path(trainer.args.output_dir)
-    if trainer.accelerator.is_main_process:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "summary.json").write_text(json.dumps(summary, indent=2))
-        plot_curriculum(rows, evaluation.points, args.levels, str(out / "curriculum.png"))
-        trainer.save_model(str(out / "final_model"))
-        print(json.dumps({k: v for k, v in summary.items() if k not in ("curves", "held_out")}, indent=2))
-        print(f"wrote {out / 'summary.json'} and {out / 'curriculum.png'}")
-    if interrupted is not None:
-        print(f"interrupted at step {interrupted.step}: checkpoint {interrupted.checkpoint}; continue with --resume")
-        sys.exit(130)
+    finish(trainer, summary, lambda path: plot_curriculum(rows, evaluation.points, args.levels, path), "curriculum.png",
+           interrupted, resume_hint="; continue with --resume")
     return summary
 
 

@@ -7,8 +7,8 @@ hidden booking goal); the assistant is the policy, and each of its replies is a 
 questions, and a booking for every combination of values the user has mentioned; the legal-action harness).
 Phase 1 (``--warmup-steps``) imitates, with ``sft``, a hasty scripted assistant that mostly books at once with
 the first values it heard (``hasty_assistant``: it teaches the format and succeeds about 10% of the time, since
-users rarely give everything, and give it right, in their first message); phase 2 trains the assistant with GRPO on the success check of its
-booking. Measured: greedy success per persona on held-out scenarios (goals never used in training) at the end
+users rarely give everything, and give it right, in their first message); phase 2 trains the assistant with GRPO
+on the success check of its booking. Measured: greedy success per persona on held-out scenarios (goals never used in training) at the end
 of the warm-up and every ``--eval-every`` steps. Outputs in ``--output-dir``: ``summary.json``,
 ``user_sim.png``, the episodes, the final model.
 """
@@ -16,17 +16,16 @@ of the warm-up and every ``--eval-every`` steps. Outputs in ``--output-dir``: ``
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 from multiagent_rl.callbacks import PhaseLearningRate  # noqa: E402
 from multiagent_rl.config import ExperimentConfig  # noqa: E402
 from multiagent_rl.eval.user_sim import UserSimEvaluation, plot_user_sim  # noqa: E402
-from multiagent_rl.trainer import MixedAlgorithmTrainer, TrainingInterrupted  # noqa: E402
+from multiagent_rl.recipe import finish, train  # noqa: E402
+from multiagent_rl.trainer import MixedAlgorithmTrainer  # noqa: E402
 
 ENV = "multiagent_rl.envs.user_sim"
 
@@ -77,11 +76,7 @@ def main(argv=None) -> dict:
     trainer = MixedAlgorithmTrainer(experiment(args),
                                     callbacks=[evaluation, PhaseLearningRate([(0, args.warmup_steps, args.warmup_lr)])])
     evaluation.trainer = trainer
-    interrupted = None
-    try:
-        trainer.train()
-    except TrainingInterrupted as exc:
-        interrupted = exc
+    interrupted = train(trainer)
     points = evaluation.points
     warm = next((pt for pt in points if pt["step"] == args.warmup_steps), None)
     summary = {
@@ -92,17 +87,9 @@ def main(argv=None) -> dict:
                         if warm and points else None),
         "held_out": points,
     }
-    out = Path(trainer.args.output_dir)
-    if trainer.accelerator.is_main_process:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "summary.json").write_text(json.dumps(summary, indent=2))
-        plot_user_sim(points, args.warmup_steps, str(out / "user_sim.png"), f"assistant, seed {args.seed}")
-        trainer.save_model(str(out / "final_model"))
-        print(json.dumps({k: v for k, v in summary.items() if k != "held_out"}, indent=2))
-        print(f"wrote {out / 'summary.json'} and {out / 'user_sim.png'}")
-    if interrupted is not None:
-        print(f"interrupted at step {interrupted.step}: checkpoint {interrupted.checkpoint}")
-        sys.exit(130)
+    title = f"assistant, seed {args.seed}"
+    finish(trainer, summary, lambda path: plot_user_sim(points, args.warmup_steps, path, title), "user_sim.png",
+           interrupted)
     return summary
 
 

@@ -34,6 +34,26 @@ def make_episode(eid: str, group: str, env: str, traces):
     return Episode(id=eid, task=Task(TaskData(prompt="p")), group=group, env=env, traces=traces)
 
 
+def user_sim_traces(per_policy: int = 6):
+    """A trace dataset of menu-mode user-sim conversations: step 0 the careful assistant (every booking right),
+    step 1 an always-hasty one (mostly wrong), ``per_policy`` conversations each."""
+    import random
+
+    import multiagent_rl as mrl
+    from multiagent_rl.envs.user_sim import UserSimEnv, careful_assistant, hasty_assistant, scripted_user
+    from multiagent_rl.trace_dataset import episodes_to_dataset
+
+    env = UserSimEnv(menu=True)
+    pairs = []
+    for step, policy in enumerate((careful_assistant(), hasty_assistant(patience=0.0))):
+        agents = {"user": mrl.make_agent(mrl.AgentConfig(model="scripted", policy=scripted_user())),
+                  "assistant": mrl.make_agent(mrl.AgentConfig(model="scripted", policy=policy))}
+        episodes = mrl.run_sync(mrl.play_episodes(env, env.sample_tasks(per_policy, random.Random(step)), agents,
+                                                  seed="0", trainable={"user": False, "assistant": True}))
+        pairs += [(step, ep) for ep in episodes]
+    return episodes_to_dataset(pairs, run="demo")
+
+
 def mixed_args(output_dir, **kw):
     """A MixedAlgorithmConfig for fast CPU tests (no saving, one step unless told otherwise)."""
     from multiagent_rl.trainer import MixedAlgorithmConfig

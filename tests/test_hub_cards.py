@@ -1,13 +1,11 @@
 """Model and dataset cards: the real base model, the envs, roles and algorithms, reward statistics."""
 
 import json
-import random
 
-import multiagent_rl as mrl
+from conftest import user_sim_traces
+
 from multiagent_rl.config import ExperimentConfig
-from multiagent_rl.envs.user_sim import UserSimEnv, careful_assistant, hasty_assistant, scripted_user
 from multiagent_rl.hub import base_model_id, fix_adapter_base, model_card_text, trace_dataset_card
-from multiagent_rl.trace_dataset import episodes_to_dataset
 
 
 def test_the_model_card_names_the_hub_base_model_envs_roles_algorithms_results_and_command():
@@ -37,15 +35,7 @@ def test_a_lora_adapter_points_at_its_base_by_hub_id(tmp_path):
 
 
 def test_the_dataset_card_has_reward_statistics_the_schema_and_how_it_was_made():
-    env = UserSimEnv(menu=True)
-    pairs = []
-    for step, policy in enumerate((careful_assistant(), hasty_assistant(patience=0.0))):
-        agents = {"user": mrl.make_agent(mrl.AgentConfig(model="scripted", policy=scripted_user())),
-                  "assistant": mrl.make_agent(mrl.AgentConfig(model="scripted", policy=policy))}
-        episodes = mrl.run_sync(mrl.play_episodes(env, env.sample_tasks(5, random.Random(step)), agents, seed="0",
-                                                  trainable={"user": False, "assistant": True}))
-        pairs += [(step, ep) for ep in episodes]
-    ds = episodes_to_dataset(pairs, run="demo")
+    ds = user_sim_traces(per_policy=5)
     card = trace_dataset_card(ds, "me/user-sim-traces", produced_by="python recipes/user_sim.py", filters={"role": "x"})
     assert "| user_sim | assistant | 10 |" in card and "python recipes/user_sim.py" in card
     assert "token_kinds" in card and "load_dataset(\"me/user-sim-traces\"" in card and '{"role": "x"}' in card

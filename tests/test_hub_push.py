@@ -1,14 +1,12 @@
 """Pushing traces and models to the Hub, against the loopback fake (``_local_hub.py``): a real push needs HF_TOKEN."""
 
-import random
 
 import pytest
 from _local_hub import FAKE_USER, LocalHub, hub_env
+from conftest import user_sim_traces
 
-import multiagent_rl as mrl
-from multiagent_rl.envs.user_sim import UserSimEnv, careful_assistant, hasty_assistant, scripted_user
 from multiagent_rl.hub import push_traces
-from multiagent_rl.trace_dataset import dataset_to_episodes, episodes_to_dataset, filter_traces
+from multiagent_rl.trace_dataset import dataset_to_episodes, filter_traces
 
 
 @pytest.fixture
@@ -17,23 +15,11 @@ def hub(tmp_path):
         yield served
 
 
-def traces():
-    env = UserSimEnv(menu=True)
-    pairs = []
-    for step, policy in enumerate((careful_assistant(), hasty_assistant(patience=0.0))):
-        agents = {"user": mrl.make_agent(mrl.AgentConfig(model="scripted", policy=scripted_user())),
-                  "assistant": mrl.make_agent(mrl.AgentConfig(model="scripted", policy=policy))}
-        episodes = mrl.run_sync(mrl.play_episodes(env, env.sample_tasks(6, random.Random(step)), agents, seed="0",
-                                                  trainable={"user": False, "assistant": True}))
-        pairs += [(step, ep) for ep in episodes]
-    return episodes_to_dataset(pairs, run="demo")
-
-
 def test_push_traces_with_filters_and_a_card_then_load_them_back_exactly(hub):
     import datasets
     from huggingface_hub import HfApi
 
-    ds = traces()
+    ds = user_sim_traces()
     url = push_traces(ds, f"{FAKE_USER}/user-sim-best", role="assistant", min_reward=1.0,
                       produced_by="python recipes/user_sim.py --seed 0")
     assert url.endswith(f"/datasets/{FAKE_USER}/user-sim-best") and HfApi().dataset_info(f"{FAKE_USER}/user-sim-best").private

@@ -655,6 +655,17 @@ def test_two_processes_match_one_process(tmp_path):
             assert t["logs"][0][k] == pytest.approx(v, rel=1e-5, abs=1e-6), k
 
 
+def mean_rl_entropy(model, batch) -> float:
+    """Σ H(rl tokens) / N_rl with H the model's own per-token entropy, computed directly (the bonus's oracle)."""
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
+    mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask).logits[:, -batch["completion_ids"].size(1) - 1 : -1]
+        logp = torch.log_softmax(logits.float(), -1)
+        entropy = -(logp.exp() * logp).sum(-1)
+    return ((entropy * batch["rl_mask"]).sum() / batch["num_rl_tokens"]).item()
+
+
 def test_entropy_bonus_subtracts_mean_entropy_of_rl_tokens(tmp_path, tiny, make_trace, make_episode, fixed_trainer,
                                                           mixed_args, loss_and_grads):
     """entropy_coef c: loss = loss(c=0) − c · Σ H(rl tokens) / N_rl, with H the model's own per-token entropy."""
@@ -664,14 +675,7 @@ def test_entropy_bonus_subtracts_mean_entropy_of_rl_tokens(tmp_path, tiny, make_
     batch = plain._generate_and_score_completions(None)
     loss0, _ = loss_and_grads(plain, batch)
     loss1, _ = loss_and_grads(bonus, batch)
-    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
-    mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
-    with torch.no_grad():
-        logits = bonus.model(input_ids=ids, attention_mask=mask).logits[:, -batch["completion_ids"].size(1) - 1 : -1]
-        logp = torch.log_softmax(logits.float(), -1)
-        entropy = -(logp.exp() * logp).sum(-1)
-    expected = 0.25 * (entropy * batch["rl_mask"]).sum() / batch["num_rl_tokens"]
-    assert abs((loss0 - loss1).item() - expected.item()) < 1e-5
+    assert abs((loss0 - loss1).item() - 0.25 * mean_rl_entropy(bonus.model, batch)) < 1e-5
     with pytest.raises(ValueError, match="use_adaptive_entropy"):
         mixed_args(tmp_path / "run", use_adaptive_entropy=True)
 
@@ -685,16 +689,11 @@ def test_an_annealed_entropy_bonus_is_linear_between_its_steps(tmp_path, tiny, m
                              entropy_coef=0.5, entropy_coef_final=0.1, entropy_anneal_start=2, entropy_anneal_end=6)
     batch = plain._generate_and_score_completions(None)
     loss0, _ = loss_and_grads(plain, batch)
-    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
-    mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
-    with torch.no_grad():
-        logits = annealed.model(input_ids=ids, attention_mask=mask).logits[:, -batch["completion_ids"].size(1) - 1 : -1]
-        logp = torch.log_softmax(logits.float(), -1)
-        mean_entropy = ((-(logp.exp() * logp).sum(-1)) * batch["rl_mask"]).sum() / batch["num_rl_tokens"]
+    mean_entropy = mean_rl_entropy(annealed.model, batch)
     for step, coef in ((0, 0.5), (2, 0.5), (3, 0.4), (5, 0.2), (6, 0.1), (9, 0.1)):
         annealed.state.global_step = step
         loss, _ = loss_and_grads(annealed, batch)
-        assert abs((loss0 - loss).item() - coef * mean_entropy.item()) < 1e-5, step
+        assert abs((loss0 - loss).item() - coef * mean_entropy) < 1e-5, step
     with pytest.raises(ValueError, match="end must come after the start"):
         mixed_args(tmp_path / "run", entropy_coef=0.3, entropy_coef_final=0.0, entropy_anneal_start=5,
                    entropy_anneal_end=5)
