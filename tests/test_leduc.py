@@ -1,0 +1,94 @@
+"""Leduc poker's rules equal OpenSpiel's ``leduc_poker`` on every deal and a large sample of action sequences."""
+
+import random
+
+import pytest
+
+from multiagent_rl.games import leduc
+
+pyspiel = pytest.importorskip("pyspiel")
+
+GAME = pyspiel.load_game("leduc_poker")
+WORDS_OF = {0: ("fold",), 1: ("check", "call"), 2: ("bet", "raise")}
+
+
+def rank(card_id: int) -> str:
+    return leduc.RANKS[card_id // 2]
+
+
+def play(rng: random.Random, deal: tuple[int, int], public_id: int, info_map: dict):
+    """One random playout in both implementations, compared at every node."""
+    state = GAME.new_initial_state()
+    state.apply_action(deal[0])
+    state.apply_action(deal[1])
+    cards = (rank(deal[0]), rank(deal[1]))
+    history, public = ((), ()), None
+    while not state.is_terminal():
+        if state.is_chance_node():
+            assert public_id in [a for a, _ in state.chance_outcomes()]
+            state.apply_action(public_id)
+            public = rank(public_id)
+            continue
+        player = state.current_player()
+        assert leduc.to_act(history) == player
+        mine = leduc.legal_actions(history)
+        assert sorted(leduc.ACTION_IDS[w] for w in mine) == state.legal_actions()
+        key = leduc.InfoState(player, cards[player], public if leduc.current_round(history) else None, history)
+        assert info_map.setdefault(state.information_state_string(), key) == key  # one OpenSpiel state, one of ours
+        word = rng.choice(mine)
+        state.apply_action(leduc.ACTION_IDS[word])
+        history = leduc.apply(history, word)
+    assert leduc.is_over(history) and leduc.to_act(history) is None
+    assert tuple(state.returns()) == leduc.payoff(cards, public, history)
+
+
+def test_rules_equal_openspiel_on_every_deal_and_random_action_sequences():
+    rng = random.Random(0)
+    info_map: dict = {}
+    for first in range(6):
+        for second in range(6):
+            if first == second:
+                continue
+            publics = [c for c in range(6) if c not in (first, second)]
+            for _ in range(60):
+                play(rng, (first, second), rng.choice(publics), info_map)
+    # OpenSpiel's information states tell the suits apart (936); ours are by rank (288), suits being irrelevant to
+    # the game: every OpenSpiel state maps to exactly one of ours (setdefault above), and each of ours is real
+    assert set(info_map.values()) <= set(leduc.info_states())
+    assert len(info_map) > len(set(info_map.values())) > 250
+
+
+def test_information_states_by_rank_cover_openspiels_936():
+    """Walking OpenSpiel's whole tree: 936 information-state strings, which map onto our 288 rank-based states."""
+    seen: dict[str, leduc.InfoState] = {}
+
+    def walk(state, cards, public, history):
+        if state.is_terminal():
+            return
+        if state.is_chance_node():
+            for action, _ in state.chance_outcomes():
+                child = state.child(action)
+                if len(cards) < 2:
+                    walk(child, cards + (rank(action),), public, history)
+                else:
+                    walk(child, cards, rank(action), history)
+            return
+        player = state.current_player()
+        key = leduc.InfoState(player, cards[player], public, history)
+        assert seen.setdefault(state.information_state_string(), key) == key
+        for word in leduc.legal_actions(history):
+            walk(state.child(leduc.ACTION_IDS[word]), cards, public, leduc.apply(history, word))
+
+    walk(GAME.new_initial_state(), (), None, ((), ()))
+    assert len(seen) == 936
+    assert set(seen.values()) == set(leduc.info_states()) and len(leduc.info_states()) == 288
+
+
+def test_illegal_actions_are_refused_and_payoffs_match_the_examples():
+    with pytest.raises(ValueError, match="not legal"):
+        leduc.apply(((), ()), "fold")
+    h = (("bet", "raise", "call"), ("bet", "call"))
+    assert leduc.contributions(h) == (9, 9)
+    assert leduc.payoff(("Q", "K"), "Q", h) == (9, -9)  # a pair beats a higher card
+    assert leduc.payoff(("J", "J"), "K", h) == (0, 0)  # equal ranks split
+    assert leduc.payoff(("K", "Q"), "J", (("bet", "raise", "fold"), ())) == (-3, 3)
