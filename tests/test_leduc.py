@@ -92,3 +92,63 @@ def test_illegal_actions_are_refused_and_payoffs_match_the_examples():
     assert leduc.payoff(("Q", "K"), "Q", h) == (9, -9)  # a pair beats a higher card
     assert leduc.payoff(("J", "J"), "K", h) == (0, 0)  # equal ranks split
     assert leduc.payoff(("K", "Q"), "J", (("bet", "raise", "fold"), ())) == (-3, 3)
+
+
+def test_the_env_plays_the_rules_and_rewards_every_decision_with_the_hands_chips():
+    import multiagent_rl as mrl
+    from multiagent_rl.envs.leduc_poker import LeducPokerEnv, random_mixed_policy
+
+    env = LeducPokerEnv()
+    seat = lambda: mrl.make_agent(mrl.AgentConfig(model="scripted", policy=random_mixed_policy(3)))  # noqa: E731
+    episodes = mrl.run_sync(mrl.play_episodes(env, env.sample_tasks(40, random.Random(0)),
+                                              {"player_0": seat(), "player_1": seat()}, seed="0",
+                                              trainable={"player_0": True, "player_1": True}))
+    for ep in episodes:
+        assert ep.ok, ep.errors
+        info = ep.traces[0].info
+        history = tuple(tuple(r) for r in info["history"])
+        chips = leduc.payoff(tuple(info["cards"]), info["public"], history)
+        assert sum(len(r) for r in history) == len(ep.traces)  # one trace per decision
+        for trace in ep.traces:
+            player = int(trace.role[-1])
+            assert trace.reward == chips[player]
+            prompt = trace.messages[0]["content"]
+            assert prompt.endswith(f"Your card: {info['cards'][player]}.")
+            assert f"Your card: {info['cards'][1 - player]}" not in prompt or info["cards"][0] == info["cards"][1]
+            if "Public card" in prompt:
+                assert f"Public card: {info['public']}." in prompt
+
+
+def test_exploitability_and_the_reach_weighted_average():
+    from open_spiel.python import policy as policy_lib
+    from open_spiel.python.algorithms import exploitability
+
+    from multiagent_rl.eval.leduc import AveragePolicy, exploitability_of, own_reach, uniform_table
+
+    assert exploitability_of(uniform_table()) == pytest.approx(
+        exploitability.exploitability(GAME, policy_lib.UniformRandomPolicy(GAME)), abs=1e-12)
+    bold = {s: {a: (0.9 if a in ("bet", "raise") else 0.1) for a in row} for s, row in uniform_table().items()}
+    bold = {s: {a: p / sum(row.values()) for a, p in row.items()} for s, row in bold.items()}
+    root, after_bet = leduc.InfoState(0, "K", None, ((), ())), leduc.InfoState(0, "K", None, (("bet", "raise"), ()))
+    assert own_reach(bold, after_bet) == pytest.approx(0.9) and own_reach(bold, root) == 1.0
+    avg = AveragePolicy()
+    avg.add(uniform_table())
+    avg.add(bold)
+    assert avg.table()[root]["bet"] == pytest.approx((0.5 + 0.9) / 2)  # reach 1 for both snapshots
+    # after its own bet: each snapshot's row weighted by its own reach (0.5 for uniform, 0.9 for bold)
+    u, b = uniform_table()[after_bet], bold[after_bet]
+    expected = (0.5 * u["call"] / sum(u.values()) + 0.9 * b["call"] / sum(b.values())) / (0.5 + 0.9)
+    assert avg.table()[after_bet]["call"] == pytest.approx(expected)
+    again = AveragePolicy()
+    again.load_state_dict(avg.state_dict())
+    assert again.table() == avg.table()
+
+
+def test_the_tiny_models_policy_is_read_at_every_information_state(tiny):
+    from multiagent_rl.eval.leduc import exploitability_of, read_policy
+
+    model, tokenizer = tiny
+    table = read_policy(model, tokenizer)
+    assert set(table) == set(leduc.info_states())
+    assert all(abs(sum(row.values()) - 1) < 1e-4 for row in table.values())  # the harness's restricted softmax
+    assert 0 < exploitability_of(table) < 5

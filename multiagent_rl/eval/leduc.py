@@ -1,0 +1,181 @@
+"""Exact evaluation of Leduc poker policies through OpenSpiel, and reading a language model's policy.
+
+A policy is a table ``{InfoState: {action word: probability}}`` over the 288 rank-based information states of
+:mod:`multiagent_rl.games.leduc`; OpenSpiel's 936 information states (which tell the suits apart) map onto them.
+Exploitability is OpenSpiel's (NashConv / 2): 0 at a Nash equilibrium, ~2.37 for uniform random play.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from typing import Any, Mapping
+
+import numpy as np
+import pyspiel
+import torch
+from open_spiel.python import policy as policy_lib
+from open_spiel.python.algorithms import exploitability
+from transformers import TrainerCallback
+
+from ..chat_template import ChatTemplate, choice_steps
+from ..envs.leduc_poker import decision_prompt
+from ..games import leduc
+from ..scoring import eval_mode, token_logprobs
+
+Table = dict[leduc.InfoState, dict[str, float]]
+
+
+@functools.lru_cache(maxsize=None)
+def _game() -> pyspiel.Game:
+    return pyspiel.load_game("leduc_poker")
+
+
+@functools.lru_cache(maxsize=None)
+def openspiel_keys() -> dict[str, leduc.InfoState]:
+    """Each of OpenSpiel's information-state strings → our rank-based information state (a walk of its tree)."""
+    out: dict[str, leduc.InfoState] = {}
+
+    def walk(state, cards: tuple[str, ...], public, history):
+        if state.is_terminal():
+            return
+        if state.is_chance_node():
+            for action, _ in state.chance_outcomes():
+                card = leduc.RANKS[action // 2]
+                walk(state.child(action), cards + (card,) if len(cards) < 2 else cards,
+                     public if len(cards) < 2 else card, history)
+            return
+        player = state.current_player()
+        out[state.information_state_string()] = leduc.InfoState(player, cards[player], public, history)
+        for word in leduc.legal_actions(history):
+            walk(state.child(leduc.ACTION_IDS[word]), cards, public, leduc.apply(history, word))
+
+    walk(_game().new_initial_state(), (), None, ((), ()))
+    return out
+
+
+def uniform_table() -> Table:
+    return {s: {a: 1 / len(legal) for a in legal} for s in leduc.info_states()
+            for legal in [leduc.legal_actions(s.history)]}
+
+
+def exploitability_of(table: Mapping[leduc.InfoState, Mapping[str, float]]) -> float:
+    """OpenSpiel's exploitability (NashConv / 2) of ``table`` (rows renormalised over the legal actions).
+
+    >>> round(exploitability_of(uniform_table()), 3)
+    2.374
+    """
+    pol = policy_lib.TabularPolicy(_game())
+    for key, s in openspiel_keys().items():
+        row = table[s]
+        total = sum(row.values())
+        probs = np.zeros(_game().num_distinct_actions())
+        for word, p in row.items():
+            probs[leduc.ACTION_IDS[word]] = p / total
+        pol.policy_for_key(key)[:] = probs
+    return float(exploitability.exploitability(_game(), pol))
+
+
+def own_reach(table: Mapping[leduc.InfoState, Mapping[str, float]], s: leduc.InfoState) -> float:
+    """The probability that the player of ``s`` plays the actions that lead to ``s`` (its own share of the reach)."""
+    reach, history = 1.0, ((), ())
+    for r, actions in enumerate(s.history):
+        for i, action in enumerate(actions):
+            if i % 2 == s.player:
+                row = table[leduc.InfoState(s.player, s.card, s.public if r == 1 else None, history)]
+                reach *= row[action] / sum(row.values())
+            history = leduc.apply(history, action)
+    return reach
+
+
+class AveragePolicy:
+    """The reach-weighted average of policy snapshots (the policy that fictitious play and CFR converge with):
+    π̄(a|s) = Σ_t w_t ρ_t(s) π_t(a|s) / Σ_t w_t ρ_t(s), ρ_t(s) the player's own reach of s under snapshot t."""
+
+    def __init__(self):
+        self.num: dict[leduc.InfoState, dict[str, float]] = {}
+        self.den: dict[leduc.InfoState, float] = {}
+        self.count = 0
+
+    def add(self, table: Table, weight: float = 1.0) -> None:
+        self.count += 1
+        for s, row in table.items():
+            rho = weight * own_reach(table, s)
+            total = sum(row.values())
+            acc = self.num.setdefault(s, {a: 0.0 for a in row})
+            for a, p in row.items():
+                acc[a] += rho * p / total
+            self.den[s] = self.den.get(s, 0.0) + rho
+
+    def table(self) -> Table:
+        return {s: ({a: v / self.den[s] for a, v in row.items()} if self.den[s] > 0
+                    else {a: 1 / len(row) for a in row}) for s, row in self.num.items()}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"num": [[list(s[:3]) + [list(map(list, s[3]))], row] for s, row in self.num.items()],
+                "den": [self.den[s] for s in self.num], "count": self.count}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.num, self.den = {}, {}
+        for (entry, row), den in zip(state["num"], state["den"]):
+            s = leduc.InfoState(entry[0], entry[1], entry[2], tuple(tuple(r) for r in entry[3]))
+            self.num[s], self.den[s] = dict(row), den
+        self.count = state["count"]
+
+
+def read_policy(model, tokenizer, batch_size: int = 256) -> Table:
+    """The model's policy at all 288 information states, as the legal-action harness plays it: each legal word's
+    tokens scored by the softmax over the allowed ids at each step, at the exact prompt a seat sees."""
+    template = ChatTemplate(tokenizer)
+    reads = []
+    for s in leduc.info_states():
+        context = template.prompt_ids([{"role": "user", "content": decision_prompt(s)}])
+        options = template.choice_ids(leduc.legal_actions(s.history))
+        reads += [(s, action, context, ids, choice_steps(options, ids)) for action, ids in options.items()]
+    table: Table = {}
+    with eval_mode(model), torch.no_grad():
+        for start in range(0, len(reads), batch_size):
+            chunk = reads[start:start + batch_size]
+            scores = token_logprobs(model, [c + ids for _, _, c, ids, _ in chunk], batch_size=len(chunk),
+                                    allowed=[[None] * len(c) + steps for _, _, c, _, steps in chunk])
+            for (s, action, c, _, _), score in zip(chunk, scores):
+                table.setdefault(s, {})[action] = math.exp(sum(score[len(c):]))
+    return table
+
+
+class LeducEvaluation(TrainerCallback):
+    """Every ``every`` steps (and at the last): the policy read at all information states, the exploitability of
+    it and of the reach-weighted average of the readings from ``start_step`` on (linear weights), as
+    ``eval/leduc/...`` metrics and :attr:`points`. Its state travels in checkpoints."""
+
+    def __init__(self, every: int, start_step: int = 0):
+        self.every, self.start_step = every, start_step
+        self.average = AveragePolicy()
+        self.points: list[dict] = []
+        self.trainer = None
+        self.started = time.time()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"average": self.average.state_dict(), "points": self.points, "seconds": time.time() - self.started}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.average.load_state_dict(state["average"])
+        self.points = list(state["points"])
+        self.started = time.time() - float(state["seconds"])
+
+    def on_step_end(self, args, state, control, **kwargs):
+        step = state.global_step
+        if step % self.every and step != state.max_steps:
+            return
+        trainer = self.trainer
+        table = read_policy(trainer.accelerator.unwrap_model(trainer.model), trainer.tokenizer)
+        if step >= self.start_step:
+            self.average.add(table, weight=self.average.count + 1)
+        point = {"step": step, "episodes": trainer.rollout.episodes_played,
+                 "seconds": round(time.time() - self.started, 1), "exploitability": exploitability_of(table),
+                 "avg_exploitability": exploitability_of(self.average.table()) if self.average.count else None}
+        self.points.append(point)
+        for key in ("exploitability", "avg_exploitability"):
+            if point[key] is not None:
+                trainer.record_metric(f"eval/leduc/{key}", point[key])

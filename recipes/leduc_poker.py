@@ -1,0 +1,107 @@
+"""Leduc poker self-play on the tiny model, with exact exploitability through OpenSpiel.
+
+    python recipes/leduc_poker.py                     # tiny model, CPU, ~15 minutes on 2 cores
+    python recipes/leduc_poker.py --steps 1200        # a longer run
+
+As the Kuhn recipe: an ``sft`` warm-up imitating a random two-point mixed strategy (``--warmup-steps``; it fixes
+the reply format and makes the policy look at its cards), then self-play with one policy in both seats, the
+legal-action harness and an entropy bonus (``--entropy-coef``, optionally annealed with ``--entropy-final``).
+Every ``--eval-every`` steps the policy is read at all 288 information states and scored with OpenSpiel: the
+current policy and the reach-weighted average of the readings. Uniform random play has exploitability ~2.37.
+Outputs in ``--output-dir``: ``summary.json``, ``exploitability.png``, the traces, the final model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+from multiagent_rl.callbacks import PhaseLearningRate  # noqa: E402
+from multiagent_rl.eval.leduc import LeducEvaluation  # noqa: E402
+from multiagent_rl.recipe import finish, train  # noqa: E402
+from multiagent_rl.trainer import MixedAlgorithmTrainer  # noqa: E402
+
+ENV = "multiagent_rl.envs.leduc_poker"
+
+
+def experiment(args) -> dict:
+    warmup_seat = {"model": "scripted", "policy": f"{ENV}:random_mixed_policy", "policy_args": {"seed": args.seed},
+                   "algo": {"type": "sft"}}
+    envs = [{"id": f"{ENV}:LeducPokerEnv", "name": "leduc_selfplay", "group_size": args.group_size,
+             "start_step": args.warmup_steps}]
+    if args.warmup_steps:
+        envs.insert(0, {"id": f"{ENV}:LeducPokerEnv", "name": "leduc_warmup", "group_size": args.group_size,
+                        "stop_step": args.warmup_steps, "roles": {"player_0": warmup_seat, "player_1": warmup_seat}})
+    trainer = {"output_dir": args.output_dir, "max_steps": args.steps, "learning_rate": args.lr,
+               "entropy_coef": args.entropy_coef, "lr_scheduler_type": "constant",
+               "groups_per_step": args.groups_per_step, "seed": args.seed, "report_to": args.report_to,
+               "logging_steps": args.eval_every, "disable_tqdm": False, "max_completion_length": 4,
+               "save_strategy": "no"}
+    if args.entropy_final is not None:
+        trainer.update(entropy_coef_final=args.entropy_final, entropy_anneal_start=args.warmup_steps)
+    return {"algo": {"type": args.algo}, "model": {"name": args.model}, "env": envs, "trainer": trainer}
+
+
+def plot(points: list[dict], path: str) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6, 4), dpi=110)
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    ax.plot([p["step"] for p in points], [p["exploitability"] for p in points], marker="o", ms=3, label="current")
+    avg = [(p["step"], p["avg_exploitability"]) for p in points if p["avg_exploitability"] is not None]
+    if avg:
+        ax.plot(*zip(*avg), marker="s", ms=3, label="average (reach-weighted)")
+    ax.axhline(2.374, ls="--", color="gray", lw=1, label="uniform random (2.37)")
+    ax.axhline(0.0, ls="--", color="black", lw=1, label="Nash (0)")
+    ax.set_xlabel("step")
+    ax.set_ylabel("exploitability (NashConv / 2)")
+    ax.set_title("Leduc poker")
+    ax.legend(fontsize=8)
+    fig.savefig(path, bbox_inches="tight")
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="tiny")
+    p.add_argument("--algo", default="rae")
+    p.add_argument("--steps", type=int, default=400, help="training steps, warm-up included")
+    p.add_argument("--warmup-steps", type=int, default=100)
+    p.add_argument("--group-size", type=int, default=8, help="episodes per deal")
+    p.add_argument("--groups-per-step", type=int, default=16, help="deals per step")
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--warmup-lr", type=float, default=3e-3)
+    p.add_argument("--entropy-coef", type=float, default=0.3)
+    p.add_argument("--entropy-final", type=float, help="anneal the bonus to this value by the last step")
+    p.add_argument("--eval-every", type=int, default=20)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--output-dir", default="outputs/leduc_poker")
+    p.add_argument("--report-to", nargs="*", default=[])
+    args = p.parse_args(argv)
+
+    evaluation = LeducEvaluation(args.eval_every, start_step=args.warmup_steps)
+    trainer = MixedAlgorithmTrainer(experiment(args), callbacks=[
+        evaluation, PhaseLearningRate([(0, args.warmup_steps, args.warmup_lr)])])
+    evaluation.trainer = trainer
+    interrupted = train(trainer)
+    points = evaluation.points
+    summary = {
+        "command": "python recipes/leduc_poker.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "steps": trainer.state.global_step, "interrupted": interrupted is not None,
+        "episodes": trainer.rollout.episodes_played,
+        "final_exploitability": points[-1]["exploitability"] if points else None,
+        "final_avg_exploitability": points[-1]["avg_exploitability"] if points else None,
+        "best_avg_exploitability": min((p["avg_exploitability"] for p in points
+                                        if p["avg_exploitability"] is not None), default=None),
+        "curve": points,
+    }
+    finish(trainer, summary, lambda path: plot(points, path), "exploitability.png", interrupted, hidden=("curve",))
+    return summary
+
+
+if __name__ == "__main__":
+    main()
