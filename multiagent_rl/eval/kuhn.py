@@ -15,12 +15,12 @@ from __future__ import annotations
 import functools
 from typing import Mapping
 
-import numpy as np
 import pyspiel
 from open_spiel.python import policy as policy_lib
 from open_spiel.python.algorithms import expected_game_score, exploitability
 
 from ..games.kuhn import CARDS, INFO_STATES, InfoState, invalid_mass, nash_policy, normalized, uniform_policy
+from .tables import tabular_policy
 
 __all__ = ["ACTION_IDS", "openspiel_info_state_strings", "to_openspiel", "exploitability_of", "expected_chips",
            "evaluation_report"]
@@ -78,13 +78,8 @@ def to_openspiel(table: Mapping[InfoState, Mapping[str, float]]) -> policy_lib.T
     >>> pol.policy_for_key(openspiel_info_state_strings()[InfoState(0, "K", ("check", "bet"))]).tolist()
     [0.0, 1.0]
     """
-    pol = policy_lib.TabularPolicy(_game())
-    for s, key in openspiel_info_state_strings().items():
-        probs = np.zeros(_game().num_distinct_actions())
-        for word, p in normalized(table, s).items():
-            probs[ACTION_IDS[word]] = p
-        pol.policy_for_key(key)[:] = probs
-    return pol
+    keys = {key: s for s, key in openspiel_info_state_strings().items()}
+    return tabular_policy(_game(), keys, {s: normalized(table, s) for s in keys.values()}, ACTION_IDS)
 
 
 def exploitability_of(table: Mapping[InfoState, Mapping[str, float]]) -> float:

@@ -7,18 +7,18 @@ steps and scores the current and the average policy with OpenSpiel (:mod:`multia
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any, Iterable, Mapping
 
 import torch
 from transformers import TrainerCallback
 
-from ..chat_template import ChatTemplate, choice_steps
+from ..chat_template import ChatTemplate
 from ..envs.kuhn_poker import KuhnPokerEnv, decision_prompt, parse_action
 from ..games.kuhn import INFO_STATES, UNIFORM_EXPLOITABILITY, AveragePolicy, InfoState, PolicyTable, invalid_mass
-from ..scoring import eval_mode, model_device, token_logprobs
+from ..scoring import eval_mode, model_device
 from .kuhn import exploitability_of
+from .tables import choice_probabilities
 
 
 def plot_exploitability(points: Iterable[Mapping[str, Any]], path: str) -> None:
@@ -104,14 +104,8 @@ def read_policy(model, tokenizer, reply_tokens: int = 1, legal_choices: bool = F
     table: PolicyTable = {}
     with eval_mode(model), torch.no_grad():
         if legal_choices:  # every legal word at every state, scored in one batch
-            reads = []
-            for s, c in zip(INFO_STATES, contexts):
-                options = template.choice_ids(s.legal_actions)
-                reads += [(s, action, c, ids, choice_steps(options, ids)) for action, ids in options.items()]
-            scores = token_logprobs(model, [c + ids for _, _, c, ids, _ in reads], batch_size=len(reads),
-                                    allowed=[[None] * len(c) + steps for _, _, c, _, steps in reads])
-            for (s, action, c, _, _), score in zip(reads, scores):
-                table.setdefault(s, {})[action] = math.exp(sum(score[len(c):]))
+            table.update(choice_probabilities(model, template, [(s, c, s.legal_actions)
+                                                                for s, c in zip(INFO_STATES, contexts)]))
         elif reply_tokens == 1:
             width = max(map(len, contexts))
             ids = torch.full((len(contexts), width), tokenizer.pad_token_id, dtype=torch.long)

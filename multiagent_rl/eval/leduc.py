@@ -8,21 +8,17 @@ Exploitability is OpenSpiel's (NashConv / 2): 0 at a Nash equilibrium, ~2.37 for
 from __future__ import annotations
 
 import functools
-import math
 import time
 from typing import Any, Mapping
 
-import numpy as np
 import pyspiel
-import torch
-from open_spiel.python import policy as policy_lib
 from open_spiel.python.algorithms import exploitability
 from transformers import TrainerCallback
 
-from ..chat_template import ChatTemplate, choice_steps
+from ..chat_template import ChatTemplate
 from ..envs.leduc_poker import decision_prompt
 from ..games import leduc
-from ..scoring import eval_mode, token_logprobs
+from .tables import choice_probabilities, tabular_policy
 
 Table = dict[leduc.InfoState, dict[str, float]]
 
@@ -66,15 +62,8 @@ def exploitability_of(table: Mapping[leduc.InfoState, Mapping[str, float]]) -> f
     >>> round(exploitability_of(uniform_table()), 3)
     2.374
     """
-    pol = policy_lib.TabularPolicy(_game())
-    for key, s in openspiel_keys().items():
-        row = table[s]
-        total = sum(row.values())
-        probs = np.zeros(_game().num_distinct_actions())
-        for word, p in row.items():
-            probs[leduc.ACTION_IDS[word]] = p / total
-        pol.policy_for_key(key)[:] = probs
-    return float(exploitability.exploitability(_game(), pol))
+    return float(exploitability.exploitability(_game(), tabular_policy(_game(), openspiel_keys(), table,
+                                                                       leduc.ACTION_IDS)))
 
 
 def own_reach(table: Mapping[leduc.InfoState, Mapping[str, float]], s: leduc.InfoState) -> float:
@@ -125,23 +114,12 @@ class AveragePolicy:
 
 
 def read_policy(model, tokenizer, batch_size: int = 256) -> Table:
-    """The model's policy at all 288 information states, as the legal-action harness plays it: each legal word's
-    tokens scored by the softmax over the allowed ids at each step, at the exact prompt a seat sees."""
+    """The model's policy at all 288 information states, as the legal-action harness plays it, at the exact prompt a
+    seat sees (one forward pass per legal word, batched)."""
     template = ChatTemplate(tokenizer)
-    reads = []
-    for s in leduc.info_states():
-        context = template.prompt_ids([{"role": "user", "content": decision_prompt(s)}])
-        options = template.choice_ids(leduc.legal_actions(s.history))
-        reads += [(s, action, context, ids, choice_steps(options, ids)) for action, ids in options.items()]
-    table: Table = {}
-    with eval_mode(model), torch.no_grad():
-        for start in range(0, len(reads), batch_size):
-            chunk = reads[start:start + batch_size]
-            scores = token_logprobs(model, [c + ids for _, _, c, ids, _ in chunk], batch_size=len(chunk),
-                                    allowed=[[None] * len(c) + steps for _, _, c, _, steps in chunk])
-            for (s, action, c, _, _), score in zip(chunk, scores):
-                table.setdefault(s, {})[action] = math.exp(sum(score[len(c):]))
-    return table
+    items = [(s, template.prompt_ids([{"role": "user", "content": decision_prompt(s)}]), leduc.legal_actions(s.history))
+             for s in leduc.info_states()]
+    return choice_probabilities(model, template, items, batch_size)
 
 
 class LeducEvaluation(TrainerCallback):
