@@ -34,7 +34,10 @@ metrics, info     JSON-encoded mappings; ``error``, ``last_reply``, ``token_exac
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable
@@ -45,6 +48,7 @@ from .task import Task, TaskData
 from .trace import RewardRecord, Segment, TokenStreams, Trace
 
 SCHEMA_VERSION = 1
+logger = logging.getLogger(__name__)
 
 
 def trace_features():
@@ -157,7 +161,8 @@ class ParquetEpisodeSink:
     """Each step's traces as one zstd-compressed Parquet shard, ``folder/rank{rank}/step-{step:06d}.parquet``.
 
     A shard is written whole (to a temporary name, then renamed), so a crash never leaves a torn one; resuming
-    at step k deletes the shards of steps >= k, so each episode is kept exactly once.
+    at step k deletes the shards of steps >= k, so each episode is kept exactly once. A fresh run (step 0) in a
+    folder that holds an earlier run's shards moves them aside (``rank0.<time>/``), never deletes them.
     """
 
     def __init__(self, folder: str | os.PathLike, rank: int = 0, run: str = ""):
@@ -179,6 +184,12 @@ class ParquetEpisodeSink:
         os.replace(tmp, path)
 
     def resume(self, step: int) -> None:
+        if step == 0 and any(self.folder.glob("step-*.parquet")):
+            aside = self.folder.with_name(f"{self.folder.name}.{time.strftime('%Y%m%d-%H%M%S')}")
+            os.replace(self.folder, aside)
+            logger.warning("%s held traces of an earlier run: moved to %s", self.folder, aside)
+            self.folder.mkdir(parents=True, exist_ok=True)
+            return
         for shard in self.folder.glob("step-*.parquet"):
             if int(shard.stem.split("-")[1]) >= step:
                 shard.unlink()
@@ -194,11 +205,12 @@ def load_traces(folders: str | os.PathLike | list[str | os.PathLike]):
     roots = [Path(f) for f in ([folders] if isinstance(folders, (str, os.PathLike)) else folders)]
     parts = []
     for root in roots:
-        shards = sorted(str(p) for p in root.rglob("step-*.parquet"))
+        # rank{r}/ folders only: an earlier run's shards moved aside (rank0.<time>/) are not this run's
+        shards = sorted(str(p) for p in root.rglob("step-*.parquet") if re.fullmatch(r"rank\d+", p.parent.name))
         if shards:
             parts.append(datasets.load_dataset("parquet", data_files=shards, features=trace_features(), split="train"))
             continue
-        logs = sorted(root.rglob("rank*.jsonl"))
+        logs = sorted(p for p in root.rglob("rank*.jsonl") if re.fullmatch(r"rank\d+\.jsonl", p.name))
         if not logs:
             raise FileNotFoundError(f"no trace shards (step-*.parquet) or episode logs (rank*.jsonl) under {root}")
         run = (root.parent if root.name in ("episodes", "traces") else root).name

@@ -54,6 +54,10 @@ def test_parquet_shards_of_two_runs_load_together_and_resume_drops_later_steps(t
     assert sorted(p.name for p in (tmp_path / "a" / "traces" / "rank0").iterdir()) == [
         "step-000000.parquet", "step-000001.parquet", "step-000002.parquet"]
     a.resume(1)
+    b.resume(0)  # a fresh run in b's folder: b's shards are moved aside, not deleted, and not loaded as this run's
+    assert [p.name for p in (tmp_path / "b" / "traces").iterdir() if p.name != "rank0"][0].startswith("rank0.")
+    assert not list((tmp_path / "b" / "traces" / "rank0").iterdir())
+    b.write(user_sim_episodes(hasty_assistant()), 0)
     both = load_traces([tmp_path / "a", tmp_path / "b"])
     per_episode = sum(len(ep.traces) for ep in kuhn_episodes)
     assert sorted(set(both["run"])) == ["a", "b"] and both["run"].count("a") == per_episode
