@@ -93,7 +93,7 @@ episodes = dataset_to_episodes(traces)   # back to multiagent_rl Episode objects
 sft = to_sft_messages(traces)            # the messages format TRL's SFTTrainer takes
 ```
 
-## Schema
+## Schema (version {trace_dataset.SCHEMA_VERSION})
 
 ================  {schema}"""
     return str(DatasetCard(content))
