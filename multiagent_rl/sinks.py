@@ -89,9 +89,25 @@ def trace_record(trace: Trace) -> dict[str, Any]:
     })
 
 
+def task_record(task: Task) -> dict[str, Any]:
+    """A task as a fixed-schema JSON object (its free-form mappings JSON-encoded)."""
+    data = task.data
+    return {
+        "prompt": data.prompt, "system_prompt": data.system_prompt,
+        "answer": None if data.answer is None else str(data.answer), "id": data.id,
+        "info": _text(data.info), "sampling": _text(task.sampling),
+    }
+
+
+def task_from_record(t: dict[str, Any]) -> Task:
+    """The inverse of :func:`task_record`."""
+    data = TaskData(prompt=t["prompt"], system_prompt=t["system_prompt"], answer=t["answer"],
+                    info=json.loads(t["info"]), id=t["id"])
+    return Task(data, json.loads(t["sampling"]))
+
+
 def episode_record(episode: Episode, step: int) -> dict[str, Any]:
     """An episode as a fixed-schema JSON object, tagged with the training step that played it."""
-    data = episode.task.data
     return {
         "step": step,
         "id": episode.id,
@@ -100,16 +116,13 @@ def episode_record(episode: Episode, step: int) -> dict[str, Any]:
         "ok": episode.ok,
         "errors": list(episode.errors),
         "info": _text(episode.info),
-        "task": {
-            "prompt": data.prompt, "system_prompt": data.system_prompt,
-            "answer": None if data.answer is None else str(data.answer), "id": data.id,
-            "info": _text(data.info), "sampling": _text(episode.task.sampling),
-        },
+        "task": task_record(episode.task),
         "traces": [trace_record(t) for t in episode.traces],
     }
 
 
-def _trace_from_record(d: dict[str, Any]) -> Trace:
+def trace_from_record(d: dict[str, Any]) -> Trace:
+    """The inverse of :func:`trace_record`."""
     streams = d["streams"]
     return Trace(
         role=d["role"],
@@ -129,12 +142,9 @@ def _trace_from_record(d: dict[str, Any]) -> Trace:
 
 def episode_from_record(d: dict[str, Any]) -> Episode:
     """The inverse of :func:`episode_record` (the step is ``d["step"]``)."""
-    t = d["task"]
-    data = TaskData(prompt=t["prompt"], system_prompt=t["system_prompt"], answer=t["answer"],
-                    info=json.loads(t["info"]), id=t["id"])
     return Episode(
-        id=d["id"], task=Task(data, json.loads(t["sampling"])), group=d["group"], env=d["env"],
-        traces=[_trace_from_record(x) for x in d["traces"]], errors=list(d["errors"]), ok=d["ok"],
+        id=d["id"], task=task_from_record(d["task"]), group=d["group"], env=d["env"],
+        traces=[trace_from_record(x) for x in d["traces"]], errors=list(d["errors"]), ok=d["ok"],
         info=json.loads(d["info"]),
     )
 

@@ -43,9 +43,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from .episode import Episode
-from .sinks import _finite, _text
-from .task import Task, TaskData
-from .trace import RewardRecord, Segment, TokenStreams, Trace
+from .sinks import _finite, _text, task_from_record, task_record, trace_from_record, trace_record
+from .trace import Trace
 
 SCHEMA_VERSION = 1
 logger = logging.getLogger(__name__)
@@ -73,14 +72,17 @@ def trace_features():
     })
 
 
+# The trace's own fields as the episode log writes them (sinks.trace_record); a row flattens the segments instead.
+_TRACE_FIELDS = ("role", "model", "trainable", "messages", "rewards", "reward", "streams", "metrics", "info", "error",
+                 "last_reply", "token_exact")
+
+
 def trace_rows(episode: Episode, step: int, run: str = "") -> list[dict[str, Any]]:
     """The rows of one episode, one per trace."""
-    data = episode.task.data
-    task = {"prompt": data.prompt, "system_prompt": data.system_prompt,
-            "answer": None if data.answer is None else str(data.answer), "id": data.id,
-            "info": _text(data.info), "sampling": _text(episode.task.sampling)}
+    task = task_record(episode.task)
     rows = []
     for index, trace in enumerate(episode.traces):
+        record = trace_record(trace)
         streams = trace.streams
         action_adv = ([a for a, k in zip(streams.advantages, trace.token_kinds) if k == "action"]
                       if streams is not None and streams.advantages is not None else [])
@@ -88,25 +90,17 @@ def trace_rows(episode: Episode, step: int, run: str = "") -> list[dict[str, Any
             "run": run, "step": step, "episode": episode.id, "group": episode.group, "trace_index": index,
             "env": episode.env, "episode_ok": episode.ok, "episode_errors": list(episode.errors),
             "episode_info": _text(episode.info), "task": task,
-            "role": trace.role, "model": trace.model, "trainable": trace.trainable,
+            **{key: record[key] for key in _TRACE_FIELDS},
             "algorithm": streams.algorithm if streams is not None else None,
-            "messages": [{"role": str(m.get("role")), "content": str(m.get("content"))} for m in trace.messages],
             "token_ids": trace.token_ids, "token_kinds": trace.token_kinds,
             "logprobs": [lp for s in trace.segments for lp in (s.logprobs or [None] * len(s.token_ids))],
             "allowed": [a for s in trace.segments for a in (s.allowed or [None] * len(s.token_ids))],
             "segments": [{"kind": s.kind, "length": len(s.token_ids), "temperature": s.temperature,
                           "has_logprobs": s.logprobs is not None, "has_allowed": s.allowed is not None}
                          for s in trace.segments],
-            "rewards": [{"name": r.name, "value": r.value, "weight": r.weight} for r in trace.rewards],
-            "reward": trace.reward,
             "advantage_mean": sum(action_adv) / len(action_adv) if action_adv else None,
             "advantage_min": min(action_adv) if action_adv else None,
             "advantage_max": max(action_adv) if action_adv else None,
-            "streams": None if streams is None else {
-                "algorithm": streams.algorithm, "advantages": streams.advantages, "ce_weights": streams.ce_weights,
-                "ref_kl_weights": streams.ref_kl_weights, "ref_logprobs": streams.ref_logprobs},
-            "metrics": _text(trace.metrics), "info": _text(trace.info), "error": trace.error,
-            "last_reply": trace.last_reply, "token_exact": trace.token_exact,
         }))
     return rows
 
@@ -120,23 +114,21 @@ def episodes_to_dataset(episodes: Iterable[tuple[int, Episode]], run: str = ""):
 
 
 def _trace(row: dict[str, Any]) -> Trace:
+    """A row back to its trace: the segments re-nested, then decoded as the episode log's record."""
     segments, start = [], 0
-    for s in row["segments"]:
-        end = start + s["length"]
-        segments.append(Segment(
-            kind=s["kind"], token_ids=row["token_ids"][start:end],
-            logprobs=row["logprobs"][start:end] if s["has_logprobs"] else None,
-            allowed=row["allowed"][start:end] if s["has_allowed"] else None, temperature=s["temperature"]))
+    for seg in row["segments"]:
+        end = start + seg["length"]
+        segments.append({"kind": seg["kind"], "token_ids": row["token_ids"][start:end],
+                         "logprobs": row["logprobs"][start:end] if seg["has_logprobs"] else None,
+                         "allowed": row["allowed"][start:end] if seg["has_allowed"] else None,
+                         "temperature": seg["temperature"]})
         start = end
-    st = row["streams"]
-    return Trace(
-        role=row["role"], segments=segments, trainable=row["trainable"], model=row["model"],
-        messages=[dict(m) for m in row["messages"]],
-        rewards=[RewardRecord(r["name"], r["value"], r["weight"]) for r in row["rewards"]],
-        metrics=json.loads(row["metrics"]), info=json.loads(row["info"]), error=row["error"],
-        last_reply=row["last_reply"], token_exact=row["token_exact"],
-        streams=None if st is None or st["algorithm"] is None and st["advantages"] is None else TokenStreams(**st),
-    )
+    streams = row["streams"]
+    if streams is not None and streams["algorithm"] is None and streams["advantages"] is None:
+        streams = None  # Arrow gives a null struct back as a struct of nulls
+    record = {**{key: row[key] for key in _TRACE_FIELDS}, "segments": segments, "streams": streams,
+              "messages": [dict(m) for m in row["messages"]]}
+    return trace_from_record(record)
 
 
 def dataset_to_episodes(dataset) -> list[tuple[int, Episode]]:
@@ -147,11 +139,9 @@ def dataset_to_episodes(dataset) -> list[tuple[int, Episode]]:
     out = []
     for (_, step, _), rows in by_episode.items():
         rows.sort(key=lambda r: r["trace_index"])
-        first, t = rows[0], rows[0]["task"]
-        data = TaskData(prompt=t["prompt"], system_prompt=t["system_prompt"], answer=t["answer"],
-                        info=json.loads(t["info"]), id=t["id"])
+        first = rows[0]
         out.append((step, Episode(
-            id=first["episode"], task=Task(data, json.loads(t["sampling"])), group=first["group"], env=first["env"],
+            id=first["episode"], task=task_from_record(first["task"]), group=first["group"], env=first["env"],
             traces=[_trace(r) for r in rows], errors=list(first["episode_errors"]), ok=first["episode_ok"],
             info=json.loads(first["episode_info"]))))
     return out
