@@ -92,7 +92,7 @@ class UserSimEnv(Env):
         goal, persona = Goal(*task.data.info["goal"]), task.data.info["persona"]
         state = {"goal": goal, "persona": persona, "done_marker": self.done_marker, "assistant_said": None}
         user_said: list[str] = []
-        booking, done = None, False
+        booking = None
         async with agents["user"].interaction(task, max_new_tokens=self.user_tokens) as user:
             user_said.append(await user.send(state=dict(state)))
             assistant_task = Task(TaskData(prompt=user_said[0], system_prompt=ASSISTANT_SYSTEM))
@@ -107,11 +107,10 @@ class UserSimEnv(Env):
                         booking = parse_booking(reply)
                         break
                     if self.done_marker in user_said[-1]:
-                        done = True
                         break
-        self._score(it.trace, goal, persona, booking, user_turns=len(user_said), attempted=booking is not None or done)
+        self._score(it.trace, goal, persona, booking, user_turns=len(user_said))
 
-    def _score(self, trace, goal: Goal, persona: str, booking: Goal | None, user_turns: int, attempted: bool):
+    def _score(self, trace, goal: Goal, persona: str, booking: Goal | None, user_turns: int):
         right = [booking is not None and booking.value(s) == goal.value(s) for s in SLOTS]
         success = float(all(right))
         trace.add_reward("success", success)
