@@ -123,7 +123,8 @@ def test_exploitability_and_the_reach_weighted_average():
     from open_spiel.python import policy as policy_lib
     from open_spiel.python.algorithms import exploitability
 
-    from multiagent_rl.eval.leduc import AveragePolicy, exploitability_of, own_reach, uniform_table
+    from multiagent_rl.eval.leduc import exploitability_of, uniform_table
+    from multiagent_rl.games.leduc import AveragePolicy, own_reach
 
     assert exploitability_of(uniform_table()) == pytest.approx(
         exploitability.exploitability(GAME, policy_lib.UniformRandomPolicy(GAME)), abs=1e-12)
@@ -134,6 +135,7 @@ def test_exploitability_and_the_reach_weighted_average():
     avg = AveragePolicy()
     avg.add(uniform_table())
     avg.add(bold)
+    assert len(avg) == 2
     assert avg.table()[root]["bet"] == pytest.approx((0.5 + 0.9) / 2)  # reach 1 for both snapshots
     # after its own bet: each snapshot's row weighted by its own reach (0.5 for uniform, 0.9 for bold)
     u, b = uniform_table()[after_bet], bold[after_bet]

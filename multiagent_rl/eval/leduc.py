@@ -18,6 +18,7 @@ from transformers import TrainerCallback
 from ..chat_template import ChatTemplate
 from ..envs.leduc_poker import decision_prompt
 from ..games import leduc
+from ..games.leduc import AveragePolicy
 from .tables import choice_probabilities, tabular_policy
 
 Table = dict[leduc.InfoState, dict[str, float]]
@@ -66,53 +67,6 @@ def exploitability_of(table: Mapping[leduc.InfoState, Mapping[str, float]]) -> f
                                                                        leduc.ACTION_IDS)))
 
 
-def own_reach(table: Mapping[leduc.InfoState, Mapping[str, float]], s: leduc.InfoState) -> float:
-    """The probability that the player of ``s`` plays the actions that lead to ``s`` (its own share of the reach)."""
-    reach, history = 1.0, ((), ())
-    for r, actions in enumerate(s.history):
-        for i, action in enumerate(actions):
-            if i % 2 == s.player:
-                row = table[leduc.InfoState(s.player, s.card, s.public if r == 1 else None, history)]
-                reach *= row[action] / sum(row.values())
-            history = leduc.apply(history, action)
-    return reach
-
-
-class AveragePolicy:
-    """The reach-weighted average of policy snapshots (the policy that fictitious play and CFR converge with):
-    π̄(a|s) = Σ_t w_t ρ_t(s) π_t(a|s) / Σ_t w_t ρ_t(s), ρ_t(s) the player's own reach of s under snapshot t."""
-
-    def __init__(self):
-        self.num: dict[leduc.InfoState, dict[str, float]] = {}
-        self.den: dict[leduc.InfoState, float] = {}
-        self.count = 0
-
-    def add(self, table: Table, weight: float = 1.0) -> None:
-        self.count += 1
-        for s, row in table.items():
-            rho = weight * own_reach(table, s)
-            total = sum(row.values())
-            acc = self.num.setdefault(s, {a: 0.0 for a in row})
-            for a, p in row.items():
-                acc[a] += rho * p / total
-            self.den[s] = self.den.get(s, 0.0) + rho
-
-    def table(self) -> Table:
-        return {s: ({a: v / self.den[s] for a, v in row.items()} if self.den[s] > 0
-                    else {a: 1 / len(row) for a in row}) for s, row in self.num.items()}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"num": [[list(s[:3]) + [list(map(list, s[3]))], row] for s, row in self.num.items()],
-                "den": [self.den[s] for s in self.num], "count": self.count}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.num, self.den = {}, {}
-        for (entry, row), den in zip(state["num"], state["den"]):
-            s = leduc.InfoState(entry[0], entry[1], entry[2], tuple(tuple(r) for r in entry[3]))
-            self.num[s], self.den[s] = dict(row), den
-        self.count = state["count"]
-
-
 def read_policy(model, tokenizer, batch_size: int = 256) -> Table:
     """The model's policy at all 288 information states, as the legal-action harness plays it, at the exact prompt a
     seat sees (one forward pass per legal word, batched)."""
@@ -149,10 +103,10 @@ class LeducEvaluation(TrainerCallback):
         trainer = self.trainer
         table = read_policy(trainer.accelerator.unwrap_model(trainer.model), trainer.tokenizer)
         if step >= self.start_step:
-            self.average.add(table, weight=self.average.count + 1)
+            self.average.add(table, weight=len(self.average) + 1)
         point = {"step": step, "episodes": trainer.rollout.episodes_played,
                  "seconds": round(time.time() - self.started, 1), "exploitability": exploitability_of(table),
-                 "avg_exploitability": exploitability_of(self.average.table()) if self.average.count else None}
+                 "avg_exploitability": exploitability_of(self.average.table()) if len(self.average) else None}
         self.points.append(point)
         for key in ("exploitability", "avg_exploitability"):
             if point[key] is not None:

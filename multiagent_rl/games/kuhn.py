@@ -23,7 +23,9 @@ from __future__ import annotations
 import itertools
 import math
 import random
-from typing import Any, Mapping, NamedTuple
+from typing import Mapping, NamedTuple
+
+from .average import ReachWeightedAverage
 
 CARDS: tuple[str, ...] = ("J", "Q", "K")
 """The deck, lowest first (OpenSpiel's card ids 0, 1, 2)."""
@@ -220,15 +222,9 @@ def own_reach(table: Mapping[InfoState, Mapping[str, float]], info_state: InfoSt
     return reach
 
 
-class AveragePolicy:
-    """Reach-weighted average of policy snapshots (the average strategy of FP / CFR).
-
-    For each info state ``s``:
-    ``avg(a|s) = sum_k w_k * reach_k(s) * pi_k(a|s) / sum_k w_k * reach_k(s)``
-    with ``reach_k`` = :func:`own_reach` and ``pi_k`` the renormalised snapshot, so the
-    average is the behaviour policy equivalent to playing snapshot ``k`` with probability
-    proportional to ``w_k`` for a whole game. The average therefore has no invalid mass.
-    Info states that no snapshot reaches get the uniform policy.
+class AveragePolicy(ReachWeightedAverage):
+    """Reach-weighted average of Kuhn policy snapshots (see :mod:`multiagent_rl.games.average`), with
+    :func:`own_reach` and :func:`normalized` rows, so the average has no invalid mass.
 
     >>> avg = AveragePolicy()
     >>> avg.add(nash_policy(0.0)); avg.add(nash_policy(1 / 3))
@@ -237,73 +233,11 @@ class AveragePolicy:
     """
 
     def __init__(self) -> None:
-        self._num: dict[InfoState, dict[str, float]] = {
-            s: {a: 0.0 for a in s.legal_actions} for s in INFO_STATES
-        }
-        self._den: dict[InfoState, float] = {s: 0.0 for s in INFO_STATES}
-        self._count = 0
-
-    def add(self, table: Mapping[InfoState, Mapping[str, float]], weight: float = 1.0) -> None:
-        """Accumulate one snapshot with a non-negative ``weight``."""
-        if not (weight >= 0.0 and math.isfinite(weight)):
-            raise ValueError(f"weight must be finite and >= 0, got {weight}")
-        # Compute everything first so that an invalid table leaves the average untouched.
-        rows = {s: normalized(table, s) for s in INFO_STATES}
-        reaches = {s: own_reach(table, s) for s in INFO_STATES}
-        for s in INFO_STATES:
-            w = weight * reaches[s]
-            self._den[s] += w
-            for a, p in rows[s].items():
-                self._num[s][a] += w * p
-        self._count += 1
-
-    def table(self) -> PolicyTable:
-        """The current average policy as a :data:`PolicyTable` (rows sum to 1)."""
-        out: PolicyTable = {}
-        for s in INFO_STATES:
-            den = self._den[s]
-            if den > 0.0:
-                out[s] = {a: v / den for a, v in self._num[s].items()}
-            else:
-                out[s] = {a: 1.0 / len(s.legal_actions) for a in s.legal_actions}
-        return out
-
-    def __len__(self) -> int:
-        """Number of snapshots added."""
-        return self._count
-
-    def state_dict(self) -> dict[str, Any]:
-        """JSON-serialisable state (round-trips through :meth:`load_state_dict`)."""
-        return {
-            "count": self._count,
-            "states": [
-                {
-                    "player": s.player,
-                    "card": s.card,
-                    "history": list(s.history),
-                    "numerators": dict(self._num[s]),
-                    "denominator": self._den[s],
-                }
-                for s in INFO_STATES
-            ],
-        }
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore from :meth:`state_dict` output (e.g. after ``json.loads``)."""
-        num = {s: {a: 0.0 for a in s.legal_actions} for s in INFO_STATES}
-        den = {s: 0.0 for s in INFO_STATES}
-        for entry in state["states"]:
-            s = InfoState(int(entry["player"]), str(entry["card"]), tuple(entry["history"]))
-            if s not in den:
-                raise ValueError(f"unknown info state {s}")
-            for a, v in entry["numerators"].items():
-                if a not in num[s]:
-                    raise ValueError(f"{s}: illegal action {a!r}")
-                num[s][a] = float(v)
-            den[s] = float(entry["denominator"])
-        self._num, self._den, self._count = num, den, int(state["count"])
-
-
+        super().__init__(
+            INFO_STATES, lambda s: s.legal_actions, own_reach, normalized,
+            encode=lambda s: {"player": s.player, "card": s.card, "history": list(s.history)},
+            decode=lambda e: InfoState(int(e["player"]), str(e["card"]), tuple(e["history"])),
+        )
 
 
 def sample_action(table: Mapping[InfoState, Mapping[str, float]], player: int, card: str,

@@ -20,7 +20,9 @@ A history is a tuple of two tuples of action words (round 1, round 2). Words map
 from __future__ import annotations
 
 import itertools
-from typing import NamedTuple
+from typing import Mapping, NamedTuple
+
+from .average import ReachWeightedAverage
 
 RANKS: tuple[str, ...] = ("J", "Q", "K")
 """Card ranks, lowest first; OpenSpiel's card id c has rank ``RANKS[c // 2]``."""
@@ -136,3 +138,34 @@ def info_states() -> list[InfoState]:
     for cards in itertools.product(RANKS, repeat=2):
         walk(((), ()), cards, None)
     return sorted(out, key=lambda s: (s.player, s.card, s.public or "", s.history))
+
+
+def normalized(table: Mapping[InfoState, Mapping[str, float]], s: InfoState) -> dict[str, float]:
+    """The row of ``s`` renormalised (uniform when it has no mass)."""
+    row = table[s]
+    total = sum(row.values())
+    return {a: p / total for a, p in row.items()} if total > 0 else {a: 1 / len(row) for a in row}
+
+
+def own_reach(table: Mapping[InfoState, Mapping[str, float]], s: InfoState) -> float:
+    """The probability that the player of ``s`` plays the actions that lead to ``s`` (its own share of the reach)."""
+    reach, history = 1.0, ((), ())
+    for r, actions in enumerate(s.history):
+        for i, action in enumerate(actions):
+            if i % 2 == s.player:
+                reach *= normalized(table, InfoState(s.player, s.card, s.public if r == 1 else None, history))[action]
+            history = apply(history, action)
+    return reach
+
+
+class AveragePolicy(ReachWeightedAverage):
+    """Reach-weighted average of Leduc policy snapshots (see :mod:`multiagent_rl.games.average`)."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            info_states(), lambda s: legal_actions(s.history), own_reach, normalized,
+            encode=lambda s: {"player": s.player, "card": s.card, "public": s.public,
+                              "history": [list(r) for r in s.history]},
+            decode=lambda e: InfoState(int(e["player"]), str(e["card"]), e["public"],
+                                       tuple(tuple(r) for r in e["history"])),
+        )
