@@ -76,3 +76,20 @@ def test_toml_experiments_load(page, line, code):
     data = tomllib.loads(code)
     if "env" in data:  # an experiment (other TOML, e.g. pyproject snippets, only has to parse)
         ExperimentConfig.model_validate(data)
+
+
+def test_every_module_docstring_example_runs():
+    """The ``>>>`` examples in the package's docstrings are documentation too (``doctest: +SKIP`` marks the ones
+    that need a model or a network)."""
+    import doctest
+    import importlib
+    import pkgutil
+
+    import multiagent_rl
+
+    failed = {}
+    for info in pkgutil.walk_packages(multiagent_rl.__path__, "multiagent_rl."):
+        result = doctest.testmod(importlib.import_module(info.name), optionflags=doctest.ELLIPSIS)
+        if result.failed:
+            failed[info.name] = result.failed
+    assert not failed, failed

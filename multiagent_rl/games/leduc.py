@@ -10,9 +10,9 @@ card wins, else the higher card; equal ranks split the pot. A fold loses what th
 A history is a tuple of two tuples of action words (round 1, round 2). Words map to OpenSpiel's action ids as
 ``fold`` 0, ``check``/``call`` 1, ``bet``/``raise`` 2.
 
->>> h = (("bet", "call"), ("check", "bet", "fold"))
+>>> h = (("bet", "call"), ("check", "bet", "fold"))  # player 0 folds in round 2, after 3 chips each
 >>> payoff(("K", "J"), "Q", h)
-(3, -3)
+(-3, 3)
 >>> legal_actions((("bet",), ()))
 ('fold', 'call', 'raise')
 """
