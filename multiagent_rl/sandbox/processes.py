@@ -70,12 +70,9 @@ def threads_of(uid: int) -> int:
     """Threads the user runs now: an unprivileged process limit counts all of them, so a sandbox's budget is added."""
     n = 0
     for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                if os.stat(f"/proc/{pid}").st_uid == uid:
-                    n += len(os.listdir(f"/proc/{pid}/task"))
-            except OSError:
-                pass
+        if pid.isdigit() and owner(pid) == uid:
+            with contextlib.suppress(OSError):  # the process may have ended meanwhile
+                n += len(os.listdir(f"/proc/{pid}/task"))
     return n
 
 
