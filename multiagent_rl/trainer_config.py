@@ -81,7 +81,8 @@ class MixedAlgorithmConfig(GRPOConfig):
         if self.entropy_coef_final is not None:
             end = self.entropy_anneal_end if self.entropy_anneal_end is not None else self.max_steps
             if self.entropy_coef_final < 0 or end <= self.entropy_anneal_start:
-                raise ValueError(f"entropy annealing from step {self.entropy_anneal_start} to {end} towards "
+                raise ValueError(f"entropy annealing: entropy_anneal_start={self.entropy_anneal_start}, "
+                                 f"entropy_anneal_end={end} (None means max_steps), entropy_coef_final="
                                  f"{self.entropy_coef_final}: the end must come after the start, the value be >= 0")
         if self.episode_format not in ("parquet", "jsonl"):
             raise ValueError(f"episode_format={self.episode_format!r}: 'parquet' or 'jsonl'")
