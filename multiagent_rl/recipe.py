@@ -23,7 +23,8 @@ def finish(trainer: MixedAlgorithmTrainer, summary: dict[str, Any], plot: Callab
            interrupted: TrainingInterrupted | None, *, hidden: tuple[str, ...] = ("curves", "held_out"),
            resume_hint: str = "") -> None:
     """On the main process: ``summary.json``, the plot, the final model, the summary printed (without the long
-    ``hidden`` entries). Then, if the run was interrupted, say where its checkpoint is and exit with status 130."""
+    ``hidden`` entries). Then end training on every process (``accelerator.end_training``) and, if the run was
+    interrupted, say where its checkpoint is and exit with status 130."""
     out = Path(trainer.args.output_dir)
     if trainer.accelerator.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
@@ -32,6 +33,9 @@ def finish(trainer: MixedAlgorithmTrainer, summary: dict[str, Any], plot: Callab
         trainer.save_model(str(out / "final_model"))
         print(json.dumps({k: v for k, v in summary.items() if k not in hidden}, indent=2))
         print(f"wrote {out / 'summary.json'} and {out / plot_name}")
+    # trackers closed and, under torchrun / accelerate launch, the process group torn down before the interpreter
+    # exits (left to exit, gloo's threads can abort a finished rank)
+    trainer.accelerator.end_training()
     if interrupted is not None:
         print(f"interrupted at step {interrupted.step}: checkpoint {interrupted.checkpoint}{resume_hint}")
         sys.exit(130)

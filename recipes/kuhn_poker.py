@@ -209,6 +209,7 @@ def main(argv=None) -> dict:
         if interrupted is not None:
             print(f"interrupted at step {interrupted.step}: checkpoint {interrupted.checkpoint}, summary "
                   f"{out / 'summary.json'}, model {out / 'final_model'}; continue with --resume", flush=True)
+    trainer.accelerator.end_training()  # trackers closed, the process group torn down before the interpreter exits
     if interrupted is not None:
         sys.exit(130)
     return summary

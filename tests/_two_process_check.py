@@ -136,6 +136,7 @@ def run(out_dir: str) -> dict:
     }
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(result, f)
+    trainer.accelerator.end_training()  # tear the process group down: left to exit, gloo can abort a finished rank
     return result
 
 
