@@ -1,6 +1,6 @@
 """Agents: a harness × a model × sampling settings.
 
-``await agent.run(task)`` plays one single-turn chat and returns a :class:`Trace`;
+``await agent.run(task)`` plays one single-turn chat and returns a [`Trace`][multiagent_rl.trace.Trace];
 ``agent.interaction(task)`` hands turn-by-turn control to the environment, which speaks as the
 user. Multi-turn traces are token-exact: each new user message is appended as observation tokens
 (the chat template's rendering of just that message), never by re-tokenising the whole chat, so
@@ -111,7 +111,7 @@ class Agent:
         """Turn-by-turn control: ``reply = await it.send(user_text)``; ``it.trace`` is the run so far.
 
         ``rng`` is handed to a scripted policy as ``turn.rng`` (default: a fresh unseeded generator).
-        ``tools`` (functions or :class:`~multiagent_rl.tools.Tool` s) need the ``tools`` harness.
+        ``tools`` (functions or [`Tool`][multiagent_rl.tools.Tool] s) need the ``tools`` harness.
         Sampling: the agent's settings, then the task's ``sampling`` overrides, then ``sampling_overrides``.
         """
         sampling = self.config.sampling.with_overrides(**{**(task.sampling or {}), **sampling_overrides})
@@ -310,10 +310,14 @@ async def single_turn(interaction: Interaction) -> Trace:
 
 def make_agent(config: AgentConfig | dict, *, policy_backend: GenerationBackend | None = None, device=None,
                endpoints: dict | None = None) -> Agent:
-    """Build an agent from its config: its backend from ``config.model`` (:func:`~multiagent_rl.backends.build_backend`;
-    ``device`` places a frozen model when it is first loaded), or a scripted one.
+    """Build an agent from its config: its backend from ``config.model``
+    ([`build_backend`][multiagent_rl.backends.build_backend]; ``device`` places a frozen model when it is first loaded),
+    or a scripted one.
 
+    ```pycon
     >>> agent = make_agent(AgentConfig(model="tiny", harness={"id": "chat"}))  # doctest: +SKIP
+
+    ```
     """
     if isinstance(config, dict):
         config = AgentConfig(**config)
@@ -354,7 +358,8 @@ class Seat:
 
     def interaction(self, task: Task, tools: Sequence[Callable[..., Any] | Tool] | None = None,
                     **sampling_overrides) -> Interaction:
-        """Turn-by-turn control of this seat (see :meth:`Agent.interaction`), recorded into the episode."""
+        """Turn-by-turn control of this seat (see [`Agent.interaction`][multiagent_rl.agent.Agent.interaction]),
+        recorded into the episode."""
         rng = None if self.seed is None else random.Random(f"{self.seed}/{self.role}/{len(self.interactions)}")
         it = self.agent.interaction(task, rng=rng, tools=tools, **sampling_overrides)
         self.interactions.append(it)

@@ -1,13 +1,16 @@
 """Trainer callbacks: run guards, the console line, learning rates per training phase.
 
-- :class:`RunGuards` skips an optimizer step whose loss or gradient is not finite (the weights
+- [`RunGuards`][multiagent_rl.callbacks.RunGuards] skips an optimizer step whose loss or gradient is not finite (the
+weights
   never see a NaN) and, after a Ctrl-C, stops at the end of the step with a checkpoint.
-- :class:`ConsoleProgressCallback` / :class:`ConsolePrinterCallback` print one readable line per
+- [`ConsoleProgressCallback`][multiagent_rl.callbacks.ConsoleProgressCallback] /
+[`ConsolePrinterCallback`][multiagent_rl.callbacks.ConsolePrinterCallback] print one readable line per
   logging step instead of transformers' whole log dict (the full metrics still go to the loggers)::
 
       step 20/500  episodes 5,120  reward kuhn_selfplay player_0 -0.06 player_1 +0.06  loss rl -0.0031  eval exploitability 0.231
 
-- :class:`PhaseLearningRate` sets the learning rate for given step ranges (e.g. an sft warm-up
+- [`PhaseLearningRate`][multiagent_rl.callbacks.PhaseLearningRate] sets the learning rate for given step ranges (e.g. an
+sft warm-up
   phase at a higher rate than the RL phase that follows).
 """
 
@@ -26,8 +29,8 @@ from transformers.trainer_callback import ProgressCallback
 
 
 class Interrupt:
-    """Ctrl-C as a request: while :meth:`catching`, the first SIGINT only sets ``requested`` (the run
-    finishes its step and saves); a second one raises ``KeyboardInterrupt`` at once."""
+    """Ctrl-C as a request: while ``catching()``, the first SIGINT only sets
+    ``requested`` (the run finishes its step and saves); a second one raises ``KeyboardInterrupt`` at once."""
 
     def __init__(self, announce: bool = True):
         self.requested, self.announce = False, announce
@@ -55,8 +58,9 @@ class Interrupt:
 class RunGuards(TrainerCallback):
     """Skip optimizer steps with a non-finite loss or gradient; stop at step end after Ctrl-C.
 
-    ``trainer`` provides ``health`` (:class:`~multiagent_rl.health.RunHealth`), ``nonfinite_loss`` (the
-    streams whose loss was not finite in this step) and ``interrupt`` (an :class:`Interrupt`).
+    ``trainer`` provides ``health`` ([`RunHealth`][multiagent_rl.health.RunHealth]), ``nonfinite_loss`` (the
+    streams whose loss was not finite in this step) and ``interrupt`` (an
+    [`Interrupt`][multiagent_rl.callbacks.Interrupt]).
     """
 
     def __init__(self, trainer: Any):
@@ -92,7 +96,10 @@ class RunGuards(TrainerCallback):
 class PhaseLearningRate(TrainerCallback):
     """A fixed learning rate during given step ranges; the scheduler's rate elsewhere.
 
+    ```pycon
     >>> PhaseLearningRate([(0, 100, 3e-3)])  # a higher rate for the first 100 steps (an sft warm-up)  # doctest: +SKIP
+
+    ```
     """
 
     def __init__(self, phases: list[tuple[int, int, float]]):
@@ -139,7 +146,8 @@ def _is_training_log(logs: dict) -> bool:
 
 
 class ConsoleProgressCallback(ProgressCallback):
-    """Transformers' progress bar, printing :func:`console_line` instead of the whole log dict."""
+    """Transformers' progress bar, printing [`console_line`][multiagent_rl.callbacks.console_line] instead of the whole
+    log dict."""
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if state.is_world_process_zero and self.training_bar is not None and logs and _is_training_log(logs):
@@ -147,7 +155,7 @@ class ConsoleProgressCallback(ProgressCallback):
 
 
 class ConsolePrinterCallback(TrainerCallback):
-    """Without a progress bar (``disable_tqdm``): print :func:`console_line`."""
+    """Without a progress bar (``disable_tqdm``): print [`console_line`][multiagent_rl.callbacks.console_line]."""
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if state.is_world_process_zero and logs and _is_training_log(logs):

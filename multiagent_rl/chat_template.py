@@ -1,8 +1,8 @@
 """Chat templates as token pieces: how a conversation becomes tokens, one message at a time.
 
-:class:`ChatTemplate` derives, from a tokenizer's own chat template, the tokens of a prompt, of a
-new user turn appended after a reply (so multi-turn traces are extended, never re-tokenised) and of
-each reply a constrained choice allows. The agents' harness (:mod:`multiagent_rl.agent`) and the
+[`ChatTemplate`][multiagent_rl.chat_template.ChatTemplate] derives, from a tokenizer's own chat template, the tokens of
+a prompt, of a new user turn appended after a reply (so multi-turn traces are extended, never re-tokenised) and of
+each reply a constrained choice allows. The agents' harness ([`multiagent_rl.agent`][]) and the
 evaluations that must read a model at exactly the tokens it saw in play both build on it.
 """
 

@@ -1,7 +1,7 @@
 """What a checkpoint holds beyond TRL's model, optimizer, scheduler and random states.
 
 - ``rollout_state_rank{r}.json``: each process's rollout random stream, its environments' sampler
-  state and the episode count (:meth:`Orchestrator.state_dict`);
+  state and the episode count ([`Orchestrator.state_dict`][multiagent_rl.rollout.Orchestrator.state_dict]);
 - ``algorithms_state.json``: the algorithms' state, identical on every process (e.g. RAE's baselines);
 - ``callbacks_state.json``: the state of every trainer callback with ``state_dict()`` /
   ``load_state_dict()`` (e.g. an evaluation's running average).
@@ -35,7 +35,8 @@ def save_run_state(folder: str, rollout, callbacks, rank: int, main_process: boo
 
 
 def load_run_state(folder: str, rollout, callbacks, rank: int) -> None:
-    """Restore what :func:`save_run_state` wrote (refusing a checkpoint that lacks this process's rollout state)."""
+    """Restore what [`save_run_state`][multiagent_rl.checkpoint.save_run_state] wrote (refusing a checkpoint that lacks
+    this process's rollout state)."""
     path = os.path.join(folder, ROLLOUT_STATE_FILE.format(rank=rank))
     if not os.path.exists(path):
         raise ValueError(f"{folder} has no {os.path.basename(path)}: it was not written by this trainer (or by a "

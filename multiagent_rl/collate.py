@@ -2,7 +2,7 @@
 
 One sample per trainable trace that an algorithm scored into some stream: the first prompt segment
 is the sample's prompt (left-padded), everything after it the completion (right-padded), with, per
-loss stream of :data:`multiagent_rl.loss.STREAMS`, its per-token weights and its token-count mask;
+loss stream of [`multiagent_rl.loss.STREAMS`][], its per-token weights and its token-count mask;
 the sampling logprobs and temperatures; per-sample tags (algorithm, env, role) for metrics; and,
 when a harness constrained some replies to choices, the allowed token ids of every constrained token.
 
@@ -99,7 +99,7 @@ def collate(
     temperature: float = 1.0,
     skip_zero_advantage: bool = False,
 ) -> dict:
-    """Pad samples into the tensor dict the loss reads (:mod:`multiagent_rl.loss`).
+    """Pad samples into the tensor dict the loss reads ([`multiagent_rl.loss`][]).
 
     The batch is padded with weightless rows to a multiple of ``multiple_of`` (TRL splits a
     generation batch into equal micro-batches); padding rows attend to one pad token and carry

@@ -237,7 +237,7 @@ class ExperimentConfig(_Strict):
     """The environments in the mix."""
     model: ModelConfig = Field(default_factory=ModelConfig)
     trainer: dict[str, Any] = Field(default_factory=dict)
-    """Fields of :class:`~multiagent_rl.trainer.MixedAlgorithmConfig` (a TRL ``GRPOConfig``)."""
+    """Fields of [`MixedAlgorithmConfig`][multiagent_rl.trainer.MixedAlgorithmConfig] (a TRL ``GRPOConfig``)."""
     endpoints: dict[str, EndpointConfig] = Field(default_factory=dict)
     """Named OpenAI-compatible servers that seats and teachers reach as ``model = "endpoint:NAME"``."""
 

@@ -9,7 +9,7 @@ Write an environment as the script of one game or conversation::
             trace = await agents["agent"].run(task)
             trace.add_reward("match", float(trace.last_reply == task.data.answer))
 
-The base class plays it: every finished agent run joins the :class:`Episode`, stamped with its
+The base class plays it: every finished agent run joins the [`Episode`][multiagent_rl.episode.Episode], stamped with its
 role and trainability, and an exception or timeout inside one episode is recorded on that episode
 (``ok=False``, ``errors``) while the others go on.
 """
@@ -72,7 +72,7 @@ class Env:
         """Tasks for training; environments with a dataset or a generator override this.
 
         Draw every random choice from ``rng`` (the trainer saves and restores it with checkpoints);
-        keep any other sampler state in :meth:`state_dict`.
+        keep any other sampler state in [`state_dict`][multiagent_rl.env.Env.state_dict].
         """
         raise NotImplementedError(
             f"{type(self).__name__} has no task source: override sample_tasks(num, rng) to train on it"
@@ -83,7 +83,7 @@ class Env:
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned. Default: nothing."""
+        """Restore what [`state_dict`][multiagent_rl.env.Env.state_dict] returned. Default: nothing."""
 
     async def play(
         self,
@@ -141,7 +141,10 @@ class Env:
 class SingleAgentEnv(Env):
     """One seat, one reply per task, a reward function: a plain task set as an environment.
 
+    ```pycon
     >>> env = SingleAgentEnv([TaskData(prompt="2+2?", answer="4")], reward=lambda task, trace: float("4" in trace.last_reply))
+
+    ```
     """
 
     def __init__(
@@ -184,8 +187,8 @@ async def play_episodes(
 
     Episodes of the same task share ``episode.group`` (``groups[i]`` for task i, default a random id)
     and are numbered ``f"{group}-{k}"``; the result keeps task order, then group order. ``timeout``
-    bounds each episode (default :data:`DEFAULT_EPISODE_TIMEOUT`; None: no limit); ``seed`` makes
-    scripted seats' random streams reproducible; ``name`` labels the episodes.
+    bounds each episode (default [`DEFAULT_EPISODE_TIMEOUT`][multiagent_rl.env.DEFAULT_EPISODE_TIMEOUT]; None: no
+    limit); ``seed`` makes scripted seats' random streams reproducible; ``name`` labels the episodes.
     """
     if groups is not None and len(groups) != len(tasks):
         raise ValueError(f"groups names {len(groups)} groups for {len(tasks)} tasks")

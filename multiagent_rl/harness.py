@@ -16,14 +16,14 @@ class ChatHarnessConfig(BaseModel):
     id: Literal["chat"] = "chat"
     """The harness: ``chat`` renders the conversation with the tokenizer's chat template."""
     max_turns: int = Field(16, ge=1)
-    """Most assistant replies in one interaction; one more ``send`` raises :class:`TurnLimitReached`."""
+    """Most assistant replies in one interaction; one more ``send`` raises [`TurnLimitReached`][multiagent_rl.agent.TurnLimitReached]."""
     system_prompt: str | None = None
     """Used when the task has no system prompt of its own."""
 
 
 class ToolHarnessConfig(ChatHarnessConfig):
     """The chat harness with tool calls: the env hands the interaction its tools (Python functions with JSON
-    schemas, :mod:`multiagent_rl.tools`), the template shows them in the prompt, and each reply's
+    schemas, [`multiagent_rl.tools`][]), the template shows them in the prompt, and each reply's
     ``<tool_call>`` blocks are run and their results appended as observation tokens (role ``tool``) before the
     model goes on. A ``send`` returns the first reply without tool calls (or the last one, when a limit ends
     the round); ``max_turns`` counts sends, not tool rounds."""

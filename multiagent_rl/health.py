@@ -10,7 +10,8 @@ the same step:
 - the loss or the gradient was not finite, so the optimizer step was skipped (the weights never see
   a NaN; each skip is counted in the ``health/skipped_steps`` metric and warned about).
 
-After ``limit`` such steps in a row :class:`RunStopped` is raised with the cause and the fix.
+After ``limit`` such steps in a row [`RunStopped`][multiagent_rl.health.RunStopped] is raised with the cause and the
+fix.
 """
 
 from __future__ import annotations
@@ -49,9 +50,12 @@ def streams_fed(episode: Episode) -> set[str]:
 
 
 class RunHealth:
-    """Counts consecutive bad steps per cause; raises :class:`RunStopped` at ``limit``.
+    """Counts consecutive bad steps per cause; raises [`RunStopped`][multiagent_rl.health.RunStopped] at ``limit``.
 
+    ```pycon
     >>> health = RunHealth(failed_steps=3, skipped_steps=3)
+
+    ```
     """
 
     def __init__(self, failed_steps: int = 3, skipped_steps: int = 3):

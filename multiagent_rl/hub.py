@@ -3,10 +3,13 @@
 A real push needs a token with write access (``HF_TOKEN`` in the environment, or ``huggingface-cli login``);
 repositories are private unless told otherwise.
 
+```pycon
 >>> from multiagent_rl.trace_dataset import load_traces  # doctest: +SKIP
 >>> push_traces(load_traces("outputs/kuhn_poker/traces"), "me/kuhn-traces", role="player_0",
 ...             min_reward=1.0)  # doctest: +SKIP
 'https://huggingface.co/datasets/me/kuhn-traces'
+
+```
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The loss: one table of streams, pure functions from log-probabilities and a batch to a loss and metrics.
 
-Each row of :data:`STREAMS` says where a stream's per-token weights live on a trace
-(:class:`~multiagent_rl.trace.TokenStreams`), under which batch keys the collator puts them and
+Each row of [`STREAMS`][multiagent_rl.loss.STREAMS] says where a stream's per-token weights live on a trace
+([`TokenStreams`][multiagent_rl.trace.TokenStreams]), under which batch keys the collator puts them and
 their token-count mask, and how a token's loss is computed. The loss is
 
     L = Σ_c (Σ_t loss_c,t) / N_c          N_c = Σ mask_c over the whole generation batch, all processes

@@ -8,8 +8,11 @@ built-in environments' words, so words such as ``bet`` or ``fold`` are single to
 byte-level, it still tokenises any text. The cache folder is named by a hash of the corpus, the
 tokenizer settings and the architecture, so changing any of them builds a new model.
 
+```pycon
 >>> from multiagent_rl.models import load_model_and_tokenizer
 >>> model, tok = load_model_and_tokenizer("tiny")  # doctest: +SKIP
+
+```
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The rollout engine: environments played by their seats, episodes scored by the algorithms.
 
-:class:`Orchestrator` owns everything between a config and a scored episode: the environments
-and their seats (bound to the policy, frozen models or scripted functions, and checked against
+[`Orchestrator`][multiagent_rl.rollout.Orchestrator] owns everything between a config and a scored episode: the
+environments and their seats (bound to the policy, frozen models or scripted functions, and checked against
 each env's real seats), the generation backends, the algorithms with the roles each one scores
 and their saved state, the task-group → environment map, the episode sink and the run's health
 checks. It imports nothing from TRL: a notebook or an evaluation uses it alone::
@@ -10,7 +10,7 @@ checks. It imports nothing from TRL: a notebook or an evaluation uses it alone::
     episodes = orchestrator.play(step=0)        # played and checked on this process
     orchestrator.score(episodes)                 # group credit: per-token streams on the traces
 
-The trainer (:mod:`multiagent_rl.trainer`) calls the same two methods every step, with a gather
+The trainer ([`multiagent_rl.trainer`][]) calls the same two methods every step, with a gather
 hook so group credit sees every process's episodes.
 """
 
@@ -139,7 +139,7 @@ class Orchestrator:
         return run_sync(self.aplay(step))
 
     async def aplay(self, step: int) -> list[Episode]:
-        """:meth:`play` from async code."""
+        """[`play`][multiagent_rl.rollout.Orchestrator.play] from async code."""
         specs = self.experiment.env
         active = [i for i, s in enumerate(specs) if s.active(step)]
         if not active:

@@ -1,17 +1,20 @@
 """Rubrics and verdicts: how a judge's written verdict becomes a reward in [0, 1].
 
-A :class:`Rubric` is a list of criteria, each with a question and its allowed verdicts listed worst → best.
-The judge answers with one JSON object (code fences and text before it are tolerated)::
+A [`Rubric`][multiagent_rl.rubric.Rubric] is a list of criteria, each with a question and its allowed verdicts listed
+worst → best. The judge answers with one JSON object (code fences and text before it are tolerated)::
 
     {"verdicts": [{"name": "correctness", "reason": "fails clamp(5, 0, 3)", "verdict": "incorrect"}]}
 
 A criterion's verdict maps onto [0, 1] by its position in the list (worst 0, best 1, evenly spaced), and
 the reward is the weighted mean over criteria.
 
+```pycon
 >>> rubric = Rubric.default()
 >>> verdicts = rubric.parse('{"verdicts": [{"name": "correctness", "reason": "ok", "verdict": "correct"}]}')
 >>> rubric.score(verdicts)
 1.0
+
+```
 """
 
 from __future__ import annotations
@@ -59,7 +62,8 @@ class Verdict:
 
 
 class Rubric(BaseModel):
-    """Criteria a judge answers; :meth:`parse` reads its reply and :meth:`score` turns it into a reward."""
+    """Criteria a judge answers; [`parse`][multiagent_rl.rubric.Rubric.parse] reads its reply and
+    [`score`][multiagent_rl.rubric.Rubric.score] turns it into a reward."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -85,7 +89,8 @@ class Rubric(BaseModel):
         return "\n".join(lines)
 
     def parse(self, reply: str) -> dict[str, Verdict]:
-        """The verdicts in ``reply``, by criterion name; raises :class:`VerdictError` saying what is wrong."""
+        """The verdicts in ``reply``, by criterion name; raises [`VerdictError`][multiagent_rl.rubric.VerdictError]
+        saying what is wrong."""
         obj = last_json_object(reply)
         if not isinstance(obj, dict) or not isinstance(obj.get("verdicts"), list):
             raise VerdictError(f'no JSON object with a "verdicts" list in the judge\'s reply: {reply[-300:]!r}')

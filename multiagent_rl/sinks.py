@@ -1,22 +1,23 @@
 """Where played episodes go: the episode log.
 
-An :class:`EpisodeSink` receives every step's episodes (``write``) and, when a run resumes from a
-checkpoint at step k, forgets what it received for steps ≥ k (``resume``), so each episode is kept
-exactly once. :class:`JsonlEpisodeSink` writes one JSON line per episode to
+An [`EpisodeSink`][multiagent_rl.sinks.EpisodeSink] receives every step's episodes (``write``) and, when a run resumes
+from a checkpoint at step k, forgets what it received for steps ≥ k (``resume``), so each episode is kept
+exactly once. [`JsonlEpisodeSink`][multiagent_rl.sinks.JsonlEpisodeSink] writes one JSON line per episode to
 ``output_dir/episodes/rank{r}.jsonl``.
 
 Each line is strict JSON (a non-finite float is written as ``null``; the episode's error says what
 it was) with one schema for every environment: the free-form mappings (``task.info``,
 ``episode.info``, ``trace.info``, ``trace.metrics``, ``task.sampling``) are JSON-encoded strings, and
 every key is always present. The logs of different runs therefore load together as one
-``datasets.Dataset`` under the fixed features :func:`episode_features` (JSON itself cannot say the
-type of a column that is empty or null in a whole file, e.g. ``allowed`` in a run without
+``datasets.Dataset`` under the fixed features [`episode_features`][multiagent_rl.sinks.episode_features] (JSON itself
+cannot say the type of a column that is empty or null in a whole file, e.g. ``allowed`` in a run without
 constrained choices, so the features are given rather than inferred)::
 
     load_episode_logs(["run_a/episodes/rank0.jsonl", "run_b/episodes/rank0.jsonl"])
     # = datasets.load_dataset("json", data_files=[...], features=episode_features(), split="train")
 
-and :func:`read_episodes` turns a log back into :class:`~multiagent_rl.episode.Episode` objects.
+and [`read_episodes`][multiagent_rl.sinks.read_episodes] turns a log back into
+[`Episode`][multiagent_rl.episode.Episode] objects.
 """
 
 from __future__ import annotations
@@ -100,7 +101,7 @@ def task_record(task: Task) -> dict[str, Any]:
 
 
 def task_from_record(t: dict[str, Any]) -> Task:
-    """The inverse of :func:`task_record`."""
+    """The inverse of [`task_record`][multiagent_rl.sinks.task_record]."""
     data = TaskData(prompt=t["prompt"], system_prompt=t["system_prompt"], answer=t["answer"],
                     info=json.loads(t["info"]), id=t["id"])
     return Task(data, json.loads(t["sampling"]))
@@ -122,7 +123,7 @@ def episode_record(episode: Episode, step: int) -> dict[str, Any]:
 
 
 def trace_from_record(d: dict[str, Any]) -> Trace:
-    """The inverse of :func:`trace_record`."""
+    """The inverse of [`trace_record`][multiagent_rl.sinks.trace_record]."""
     streams = d["streams"]
     return Trace(
         role=d["role"],
@@ -141,7 +142,7 @@ def trace_from_record(d: dict[str, Any]) -> Trace:
 
 
 def episode_from_record(d: dict[str, Any]) -> Episode:
-    """The inverse of :func:`episode_record` (the step is ``d["step"]``)."""
+    """The inverse of [`episode_record`][multiagent_rl.sinks.episode_record] (the step is ``d["step"]``)."""
     return Episode(
         id=d["id"], task=task_from_record(d["task"]), group=d["group"], env=d["env"],
         traces=[trace_from_record(x) for x in d["traces"]], errors=list(d["errors"]), ok=d["ok"],
@@ -190,7 +191,10 @@ def load_episode_logs(paths: str | os.PathLike | list[str | os.PathLike]):
 class JsonlEpisodeSink:
     """One JSON line per episode in ``folder/rank{rank}.jsonl``, appended and flushed every step.
 
+    ```pycon
     >>> sink = JsonlEpisodeSink("outputs/run/episodes", rank=0)  # doctest: +SKIP
+
+    ```
     """
 
     def __init__(self, folder: str | os.PathLike, rank: int = 0):

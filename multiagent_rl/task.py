@@ -11,8 +11,11 @@ from typing import Any
 class TaskData:
     """The immutable content of one task.
 
+    ```pycon
     >>> TaskData(prompt="What is 2 + 2?", answer="4").prompt
     'What is 2 + 2?'
+
+    ```
     """
 
     prompt: str = ""
@@ -38,8 +41,11 @@ class TaskData:
 class Task:
     """A task plus sampling overrides for every seat that plays it.
 
+    ```pycon
     >>> Task(TaskData(prompt="Prove it."), sampling={"max_new_tokens": 512}).sampling
     {'max_new_tokens': 512}
+
+    ```
     """
 
     data: TaskData

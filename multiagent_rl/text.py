@@ -13,10 +13,13 @@ def last_json_object(text: str) -> Any:
     """The JSON value that ends ``text`` (Markdown code fences and whitespace tolerated), or None when the text does
     not end with one. Text before it (reasoning, a preamble) is allowed.
 
+    ```pycon
     >>> last_json_object('I think so.\\n```json\\n{"a": [1, {"b": 2}]}\\n```')
     {'a': [1, {'b': 2}]}
     >>> last_json_object('{"a": 1} and more') is None
     True
+
+    ```
     """
     text = _FENCE.sub("", text).rstrip()
     if not text.endswith("}"):

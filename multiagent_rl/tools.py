@@ -9,13 +9,16 @@ call between ``<tool_call>`` tags::
     {"name": "read_file", "arguments": {"path": "solution.py"}}
     </tool_call>
 
-The tool harness (:class:`multiagent_rl.agent.ToolHarnessConfig`) parses the calls out of each reply,
+The tool harness ([`multiagent_rl.agent.ToolHarnessConfig`][]) parses the calls out of each reply,
 runs them, and appends their results as observation tokens before the model continues. A call that does
 not parse, names no known tool, has bad arguments or raises becomes an error result the model reads,
 never an exception in the episode.
 
+```pycon
 >>> parse_tool_calls(tool_call_text("read_file", path="a.py"))
 [ToolCall(name='read_file', arguments={'path': 'a.py'}, error=None)]
+
+```
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """Traces: one agent's run on one task, at token level.
 
-A trace is an ordered list of :class:`Segment` s. ``prompt`` segments are context the agent was
+A trace is an ordered list of [`Segment`][multiagent_rl.trace.Segment] s. ``prompt`` segments are context the agent was
 given, ``action`` segments were sampled by the agent (with their sampling logprobs),
 ``observation`` segments are text fed back in a later turn (environment, tool, other agents).
 Multi-turn traces grow by appending segments; the tokens the model saw at turn k+1 are exactly
 ``trace.token_ids`` up to that point.
 
-Algorithms attach per-token weight streams (:class:`TokenStreams`) to trainable traces; the
+Algorithms attach per-token weight streams ([`TokenStreams`][multiagent_rl.trace.TokenStreams]) to trainable traces; the
 collator turns them into tensors.
 """
 
@@ -67,7 +67,7 @@ class RewardRecord:
 class TokenStreams:
     """Per-token training signal written by an algorithm, aligned with ``trace.token_ids``.
 
-    One field per loss stream (see :data:`multiagent_rl.loss.STREAMS`): ``advantages`` (the rl
+    One field per loss stream (see [`multiagent_rl.loss.STREAMS`][]): ``advantages`` (the rl
     stream: the advantage of each token it trains, 0 elsewhere), ``ce_weights`` (cross-entropy
     weights), ``ref_kl_weights`` (weights of the reverse-KL stream) and ``ref_logprobs`` (the
     teacher's logprob of each token, ``None`` where it has none). ``algorithm`` is the tag used for
@@ -95,9 +95,12 @@ class TokenStreams:
 class Trace:
     """One agent's run on one task.
 
+    ```pycon
     >>> t = Trace(role="solver", segments=[Segment("prompt", [1, 2]), Segment("action", [3], [-0.5])])
     >>> t.token_ids, t.num_action_tokens
     ([1, 2, 3], 1)
+
+    ```
     """
 
     role: str = "agent"

@@ -1,8 +1,8 @@
 """Traces as a Hugging Face ``datasets.Dataset``: one row per trace, one schema for every run.
 
-The schema (:func:`trace_features`) is fixed, so the traces of different runs and environments load and
-concatenate together. Free-form mappings (metrics, info) are JSON-encoded strings; everything per token is
-a flat list aligned with ``token_ids``:
+The schema ([`trace_features`][multiagent_rl.trace_dataset.trace_features]) is fixed, so the traces of different runs
+and environments load and concatenate together. Free-form mappings (metrics, info) are JSON-encoded strings; everything
+per token is a flat list aligned with ``token_ids``:
 
 ================  =====================================================================================
 column            meaning
@@ -26,9 +26,11 @@ streams           the per-token loss streams (advantages, ce_weights, ref_kl_wei
 metrics, info     JSON-encoded mappings; ``error``, ``last_reply``, ``token_exact`` as on the trace
 ================  =====================================================================================
 
-:func:`episodes_to_dataset` and :func:`dataset_to_episodes` are exact inverses (a test checks it).
-:class:`ParquetEpisodeSink` writes one zstd-compressed Parquet shard per step and rank
-(``output_dir/traces/rank{r}/step-{step:06d}.parquet``); :func:`load_traces` reads any number of runs.
+[`episodes_to_dataset`][multiagent_rl.trace_dataset.episodes_to_dataset] and
+[`dataset_to_episodes`][multiagent_rl.trace_dataset.dataset_to_episodes] are exact inverses (a test checks it).
+[`ParquetEpisodeSink`][multiagent_rl.trace_dataset.ParquetEpisodeSink] writes one zstd-compressed Parquet shard per step
+and rank (``output_dir/traces/rank{r}/step-{step:06d}.parquet``);
+[`load_traces`][multiagent_rl.trace_dataset.load_traces] reads any number of runs.
 """
 
 from __future__ import annotations
@@ -132,7 +134,8 @@ def _trace(row: dict[str, Any]) -> Trace:
 
 
 def dataset_to_episodes(dataset) -> list[tuple[int, Episode]]:
-    """The inverse of :func:`episodes_to_dataset`: ``(step, episode)`` pairs, in the order of first appearance."""
+    """The inverse of [`episodes_to_dataset`][multiagent_rl.trace_dataset.episodes_to_dataset]: ``(step, episode)``
+    pairs, in the order of first appearance."""
     by_episode: dict[tuple[str, int, str], list[dict]] = defaultdict(list)
     for row in dataset:
         by_episode[(row["run"], row["step"], row["episode"])].append(row)

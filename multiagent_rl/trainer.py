@@ -1,15 +1,15 @@
 """MixedAlgorithmTrainer: TRL's GRPOTrainer with environments in place of rollouts and three loss streams.
 
-A thin adapter: its rollout hook asks the rollout engine (:class:`~multiagent_rl.rollout.Orchestrator`)
-to play and score a step and the collator (:mod:`multiagent_rl.collate`) for tensors; its loss hook
-calls the loss module (:mod:`multiagent_rl.loss`); its checkpoint hooks save and restore the engine's
+A thin adapter: its rollout hook asks the rollout engine ([`Orchestrator`][multiagent_rl.rollout.Orchestrator])
+to play and score a step and the collator ([`multiagent_rl.collate`][]) for tensors; its loss hook
+calls the loss module ([`multiagent_rl.loss`][]); its checkpoint hooks save and restore the engine's
 state. It never learns an algorithm's name. With every sample tagged ``grpo`` the loss equals
 ``GRPOTrainer``'s own for any rewards.
 
 A run guards itself: an optimizer step whose loss or gradient is not finite is skipped, a run whose
-episodes all fail or whose required streams stay empty stops with the cause (:mod:`multiagent_rl.health`);
+episodes all fail or whose required streams stay empty stops with the cause ([`multiagent_rl.health`][]);
 checkpoints hold everything a resumed run needs to continue exactly; the first Ctrl-C finishes the
-current step, saves a checkpoint and raises :class:`TrainingInterrupted`.
+current step, saves a checkpoint and raises [`TrainingInterrupted`][multiagent_rl.trainer.TrainingInterrupted].
 """
 
 from __future__ import annotations
@@ -55,9 +55,12 @@ def _rewards_come_from_environments(*args, **kwargs):
 class MixedAlgorithmTrainer(GRPOTrainer):
     """Train one policy on a mix of multi-agent environments with per-env / per-role algorithms.
 
+    ```pycon
     >>> trainer = MixedAlgorithmTrainer({"algo": {"type": "rae"}, "env": [{"id": "kuhn_poker"}],
     ...                                  "trainer": {"max_steps": 10}})  # doctest: +SKIP
     >>> trainer.train()  # doctest: +SKIP
+
+    ```
     """
 
     def __init__(self, config: ExperimentConfig | dict, args: MixedAlgorithmConfig | None = None, model=None,
@@ -236,7 +239,7 @@ class MixedAlgorithmTrainer(GRPOTrainer):
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):
         """The model card (``output_dir/README.md``, pushed with the model): the real base model's Hub id, the
-        environments, roles and algorithms, :attr:`model_card_results` and the command."""
+        environments, roles and algorithms, `model_card_results` and the command."""
         if self.is_world_process_zero():
             text = model_card_text(self.experiment, hub_model_id=self.hub_model_id, results=self.model_card_results,
                                    adapter=self.experiment.model.lora is not None)
@@ -244,7 +247,7 @@ class MixedAlgorithmTrainer(GRPOTrainer):
 
     def push_to_hub(self, commit_message: str | None = "End of training", blocking: bool = True, **kwargs):
         """TRL's ``push_to_hub`` (weights, tokenizer, the model card), without the run's traces and episode logs:
-        push those to a dataset repository with :func:`multiagent_rl.hub.push_traces`."""
+        push those to a dataset repository with [`multiagent_rl.hub.push_traces`][]."""
         from transformers.utils import hub as transformers_hub
 
         # Trainer.push_to_hub uploads output_dir with fixed ignore patterns; the traces are a dataset of their own
@@ -281,8 +284,8 @@ class MixedAlgorithmTrainer(GRPOTrainer):
 
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs):
         """TRL's ``train()``, plus: the first Ctrl-C finishes the step in flight, saves a checkpoint and raises
-        :class:`TrainingInterrupted` (a second one stops at once); a run stopped by its health checks
-        (:class:`~multiagent_rl.health.RunStopped`) saves a checkpoint first."""
+        [`TrainingInterrupted`][multiagent_rl.trainer.TrainingInterrupted] (a second one stops at once); a run stopped
+        by its health checks ([`RunStopped`][multiagent_rl.health.RunStopped]) saves a checkpoint first."""
         if self.rollout.sink is not None and not resume_from_checkpoint:
             self.rollout.sink.resume(0)  # a fresh run in this folder starts a fresh log (the old one is kept aside)
         with self.interrupt.catching():

@@ -93,3 +93,16 @@ def test_every_module_docstring_example_runs():
         if result.failed:
             failed[info.name] = result.failed
     assert not failed, failed
+
+
+SPHINX_ROLE = re.compile(r":(?:py:)?(?:class|func|mod|meth|attr|data|exc|obj):`")
+
+
+def test_docstrings_cross_reference_in_the_sites_syntax():
+    """The API reference is MkDocs + mkdocstrings, which renders Markdown: a Sphinx role (``:class:`X```) shows up
+    as literal text there. Cross-references are written ``[`X`][multiagent_rl.module.X]`` (``mkdocs build
+    --strict`` in CI fails on a target that does not exist), and ``>>>`` examples sit in ```` ```pycon ```` fences
+    so their output is not read as Markdown."""
+    offenders = [f"{path.relative_to(ROOT)}:{n}" for path in sorted((ROOT / "multiagent_rl").rglob("*.py"))
+                 for n, line in enumerate(path.read_text().splitlines(), 1) if SPHINX_ROLE.search(line)]
+    assert not offenders, "Sphinx roles in docstrings (use [`Name`][module.Name]): " + ", ".join(offenders)

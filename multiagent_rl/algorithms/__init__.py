@@ -1,6 +1,7 @@
 """Algorithms: credit rules and extra token streams written onto trainable traces.
 
-``build_algorithm({"type": "grpo"})`` builds one from a config; :data:`ALGORITHMS` lists them.
+``build_algorithm({"type": "grpo"})`` builds one from a config; [`ALGORITHMS`][multiagent_rl.algorithms.ALGORITHMS]
+lists them.
 """
 
 from .base import (

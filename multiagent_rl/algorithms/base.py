@@ -1,7 +1,7 @@
 """The algorithm contract, the registry, and helpers shared by the algorithm files.
 
 An algorithm turns finished episodes into per-token training signal. It writes a
-:class:`~multiagent_rl.trace.TokenStreams` onto each trace it trains (aligned with
+[`TokenStreams`][multiagent_rl.trace.TokenStreams] onto each trace it trains (aligned with
 ``trace.token_ids``) and touches nothing else. It only ever trains a trace that is
 ``trainable``, has no ``error``, belongs to an episode with ``ok`` True, and whose role
 (``trace.role``) is in the ``roles`` it was handed (``None`` = every role).
@@ -13,7 +13,7 @@ The trainer calls, per training step::
     algo.score_group(episodes, roles)            # per task group: the G episodes of one task
 
 Configs are pydantic models with a ``type`` discriminator; ``@register`` adds a class to
-:data:`ALGORITHMS` under its config's ``type``.
+[`ALGORITHMS`][multiagent_rl.algorithms.base.ALGORITHMS] under its config's ``type``.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class AlgorithmConfig(pydantic.BaseModel):
 
 @dataclass
 class AlgorithmContext:
-    """What the rollout engine hands to :meth:`Algorithm.setup`."""
+    """What the rollout engine hands to [`Algorithm.setup`][multiagent_rl.algorithms.base.Algorithm.setup]."""
 
     policy_backend: Any = None
     """The live policy as a generation backend (``generate``, ``score``), or None where no model is involved."""
@@ -53,7 +53,8 @@ class AlgorithmContext:
 
 
 class Algorithm:
-    """Base class: override :meth:`score_group` (credit) and/or :meth:`score_episode` (per-episode work)."""
+    """Base class: override [`score_group`][multiagent_rl.algorithms.base.Algorithm.score_group] (credit) and/or
+    [`score_episode`][multiagent_rl.algorithms.base.Algorithm.score_episode] (per-episode work)."""
 
     config_class: ClassVar[type[AlgorithmConfig]] = AlgorithmConfig
     loss_types: ClassVar[tuple[str, ...]] = ()
@@ -129,7 +130,8 @@ class Algorithm:
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned. Default: nothing."""
+        """Restore what [`state_dict`][multiagent_rl.algorithms.base.Algorithm.state_dict] returned. Default:
+        nothing."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.config!r})"
@@ -153,7 +155,7 @@ def register(cls: type[Algorithm]) -> type[Algorithm]:
 
 
 STREAM_NAMES = ("rl", "ce", "ref_kl")
-"""The loss streams an algorithm may write (the rows of :data:`multiagent_rl.loss.STREAMS`)."""
+"""The loss streams an algorithm may write (the rows of [`multiagent_rl.loss.STREAMS`][])."""
 
 
 def _import_algorithm(path: str) -> type[Algorithm]:

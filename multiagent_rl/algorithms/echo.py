@@ -1,6 +1,6 @@
 """ECHO: GRPO on the agent's actions plus learning to predict what comes back.
 
-For a trained trace with GRPO advantage A (same per-role peers as :mod:`.grpo`)::
+For a trained trace with GRPO advantage A (same per-role peers as [`grpo`][multiagent_rl.algorithms.grpo])::
 
     rl_t = A   on action tokens, 0 elsewhere
     ce_t = α   on observation tokens after the trace's first action token, 0 elsewhere

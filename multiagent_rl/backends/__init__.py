@@ -1,15 +1,15 @@
 """Generation backends: one interface (token ids in, sampled ids and logprobs out; scoring for teachers).
 
-:func:`build_backend` turns a model reference from a config into a backend:
+[`build_backend`][multiagent_rl.backends.build_backend] turns a model reference from a config into a backend:
 
 - ``"policy"``: the live policy the trainer passes in;
 - ``"tiny"``, a Hub id or a local path: a frozen transformers model, loaded once per process and
   device however many seats and teachers name it;
 - ``"vllm:URL#MODEL"``, ``"openai:URL#MODEL"`` or ``"endpoint:NAME"``: a model served elsewhere
-  (:mod:`.endpoint`), one client per reference.
+  ([`endpoint`][multiagent_rl.backends.endpoint]), one client per reference.
 
-:func:`build_policy_backend` builds the trained policy's: the live model itself (transformers), an
-in-process vLLM engine (:mod:`.vllm_colocated`) or a vLLM server (``[model] backend = "vllm"``).
+[`build_policy_backend`][multiagent_rl.backends.build_policy_backend] builds the trained policy's: the live model itself
+(transformers), an in-process vLLM engine ([`vllm_colocated`][multiagent_rl.backends.vllm_colocated]) or a vLLM server (``[model] backend = "vllm"``).
 """
 
 from __future__ import annotations
@@ -29,7 +29,10 @@ def build_backend(model: str, *, device: Any = None, policy: GenerationBackend |
                   endpoints: dict[str, EndpointConfig] | None = None) -> GenerationBackend:
     """The backend serving ``model`` (see the module docstring); cached by (model, device) or by reference.
 
+    ```pycon
     >>> backend = build_backend("tiny")  # doctest: +SKIP
+
+    ```
     """
     if model == POLICY:
         if policy is None:

@@ -60,7 +60,7 @@ class Generation:
 class GenerationBackend(Protocol):
     """What agents, teachers and the trainer need from a model, wherever it runs.
 
-    Build one from a model reference with :func:`multiagent_rl.backends.build_backend`.
+    Build one from a model reference with [`multiagent_rl.backends.build_backend`][].
     """
 
     model_id: str
@@ -111,9 +111,10 @@ class _Request:
 
 class TickBatcher:
     """Serves ``generate`` requests in batches: those that arrive in the same event-loop tick are served by one
-    call of :meth:`generate_batch` per distinct sampling setting (at most ``max_batch_size`` prompts each), so
-    64 concurrent episodes cost about one model call per turn instead of 64. Subclasses set ``max_context``,
-    ``model_id``, ``max_batch_size`` and ``gather_ticks`` and implement ``generate_batch``."""
+    call of [`generate_batch`][multiagent_rl.backends.base.TickBatcher.generate_batch] per distinct sampling setting (at
+    most ``max_batch_size`` prompts each), so 64 concurrent episodes cost about one model call per turn instead of 64.
+    Subclasses set ``max_context``, ``model_id``, ``max_batch_size`` and ``gather_ticks`` and implement
+    ``generate_batch``."""
 
     max_context: int | None = None
     max_batch_size: int = 256

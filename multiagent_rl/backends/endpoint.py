@@ -7,7 +7,7 @@ Two kinds of server:
   logprobs (start the server with ``--logprobs-mode processed_logprobs`` so they are the logprobs at the
   sampling temperature, as the trainer's); constrained choices through vLLM's ``allowed_token_ids``;
   teacher scoring through ``prompt_logprobs``. Also the policy's server in ``[model] backend = "vllm"``
-  server mode, where new weights reach it after every optimizer step (:mod:`.vllm_sync`).
+  server mode, where new weights reach it after every optimizer step ([`vllm_sync`][multiagent_rl.backends.vllm_sync]).
 - ``openai``: any chat-completions server (OpenAI, hosted models, ...). Text in, text out: the chat so far
   is sent as messages and the reply is re-tokenised with the local tokenizer, so its trace is marked
   ``token_exact = False`` and a trained seat may not use it.
@@ -73,7 +73,8 @@ def is_endpoint_reference(model: str) -> bool:
 
 
 def parse_reference(model: str, endpoints: dict[str, EndpointConfig] | None = None) -> EndpointConfig:
-    """``"vllm:URL#MODEL"``, ``"openai:URL#MODEL"`` or ``"endpoint:NAME"`` → its :class:`EndpointConfig`."""
+    """``"vllm:URL#MODEL"``, ``"openai:URL#MODEL"`` or ``"endpoint:NAME"`` → its
+    [`EndpointConfig`][multiagent_rl.backends.endpoint.EndpointConfig]."""
     scheme, _, rest = model.partition(":")
     if scheme == "endpoint":
         if not endpoints or rest not in endpoints:
@@ -90,7 +91,10 @@ def parse_reference(model: str, endpoints: dict[str, EndpointConfig] | None = No
 class EndpointBackend:
     """A generation backend for a model behind an OpenAI-compatible server (see the module docstring).
 
+    ```pycon
     >>> backend = EndpointBackend(EndpointConfig(base_url="http://127.0.0.1:8000/v1", model="tiny"))  # doctest: +SKIP
+
+    ```
     """
 
     exact_logprobs = False
@@ -227,7 +231,8 @@ class EndpointBackend:
     # -- the policy's server: new weights after every optimizer step --------------------------------
     def sync_weights(self, model) -> None:
         """Push ``model``'s weights into the server (started with this package's worker extension, see
-        :mod:`.vllm_sync`), then drop its prefix cache (cached prompts hold activations of the old weights)."""
+        [`vllm_sync`][multiagent_rl.backends.vllm_sync]), then drop its prefix cache (cached prompts hold
+        activations of the old weights)."""
         from .vllm_sync import served_tensors
 
         if self.config.kind != "vllm":

@@ -22,8 +22,11 @@ class TransformersBackend(TickBatcher):
     The trainer's policy backend wraps the very module being trained, so its weights are always
     current (``sync_weights`` has nothing to copy); frozen seats and teachers get their own copy.
 
+    ```pycon
     >>> backend = TransformersBackend(model, tokenizer)  # doctest: +SKIP
     >>> gen = await backend.generate(prompt_ids, SamplingParams(max_new_tokens=8))  # doctest: +SKIP
+
+    ```
     """
 
     supports_choices = True

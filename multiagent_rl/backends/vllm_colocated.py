@@ -4,7 +4,7 @@ Requests from every running episode are gathered per event-loop tick (as in the 
 backend) and handed to one ``LLM.generate`` call; vLLM batches them. Token ids in, token ids and
 their logprobs at the sampling temperature out (``logprobs_mode="processed_logprobs"``), constrained
 choices through ``allowed_token_ids``, teacher scoring through ``prompt_logprobs``. After every optimizer
-step the trainer pushes its weights in (:func:`~multiagent_rl.backends.vllm_sync.push_weights`). The
+step the trainer pushes its weights in ([`push_weights`][multiagent_rl.backends.vllm_sync.push_weights]). The
 engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): on a CPU it starts in seconds.
 """
 
@@ -19,7 +19,10 @@ from .base import Generation, SamplingParams, TickBatcher
 class VLLMColocatedBackend(TickBatcher):
     """An in-process ``vllm.LLM`` serving the policy (see the module docstring).
 
+    ```pycon
     >>> backend = VLLMColocatedBackend("path/to/model", tokenizer, max_model_len=2048)  # doctest: +SKIP
+
+    ```
     """
 
     supports_choices = True

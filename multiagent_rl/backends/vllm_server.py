@@ -4,10 +4,10 @@
     ...  # "vllm:{url}#path/to/model" as a seat's model, or [model.vllm] mode = "server", base_url = url
     stop_vllm_server(process)
 
-The flags (:func:`server_command`): ``--logprobs-mode processed_logprobs`` (logprobs at the sampling temperature,
-as the trainer computes them), ``--max-logprobs -1`` (whole distributions for teachers read at another
-temperature or under constrained choices), this package's weight-sync worker extension and
-``VLLM_SERVER_DEV_MODE=1`` (so a trained policy's weights can be pushed after every optimizer step).
+The flags ([`server_command`][multiagent_rl.backends.vllm_server.server_command]): ``--logprobs-mode
+processed_logprobs`` (logprobs at the sampling temperature, as the trainer computes them), ``--max-logprobs -1`` (whole
+distributions for teachers read at another temperature or under constrained choices), this package's weight-sync worker
+extension and ``VLLM_SERVER_DEV_MODE=1`` (so a trained policy's weights can be pushed after every optimizer step).
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ does — cannot refresh them, and TRL's server sync needs NCCL (CUDA). vLLM's ow
 re-run each reloaded layer's post-processing, except for a language-model head tied to the embeddings: it
 receives no tensor of its own and keeps a packed copy of the old embeddings. So:
 
-- in-process (``VLLMColocatedBackend``): :func:`push_weights` reloads, re-packs a tied head, resets the
+- in-process (``VLLMColocatedBackend``): [`push_weights`][multiagent_rl.backends.vllm_sync.push_weights] reloads,
+re-packs a tied head, resets the
   prefix cache (its cached prompts hold activations of the old weights);
 - a server started with ``--worker-extension-cls multiagent_rl.backends.vllm_sync.WeightSyncExtension`` and
   ``VLLM_SERVER_DEV_MODE=1`` takes the weights as a base64 safetensors blob at ``POST /collective_rpc``

@@ -2,16 +2,16 @@
 
 One episode, as its rules:
 
-1. A task is a small Python function (:mod:`multiagent_rl.games.code_tasks`): a spec with authoritative
+1. A task is a small Python function ([`multiagent_rl.games.code_tasks`][]): a spec with authoritative
    examples, unit tests (some of them wrong or over-specified) and labelled candidate implementations.
 2. The ``solver`` answers. ``solver_mode="choose"``: it picks one of the task's candidates (a letter, through
    the legal-action harness: the tiny model's game); ``"write"``: it writes the function (a real model).
 3. Its code goes into a fresh workspace (``solution.py``, next to ``test_solution.py``, ``run_tests.py`` and
-   ``SPEC.md`` and ``examples.json``) and the tests run in the sandbox (:mod:`multiagent_rl.sandbox`): the task reward ``tests`` is
-   the share of tests passed.
+   ``SPEC.md`` and ``examples.json``) and the tests run in the sandbox ([`multiagent_rl.sandbox`][]): the task reward
+   ``tests`` is the share of tests passed.
 4. The ``judge`` gets the spec, the solver's whole transcript and the workspace, with tools (``list_files``,
    ``read_file``, ``run_tests``, ``run_python``: every command in the sandbox) through the tool harness, and
-   ends with a verdict over the rubric (:mod:`multiagent_rl.rubric`). Its score in [0, 1] is the ``judge``
+   ends with a verdict over the rubric ([`multiagent_rl.rubric`][]). Its score in [0, 1] is the ``judge``
    reward.
 5. The solver's reward is ``task_weight × tests + judge_weight × judge``. The defaults (0, 1) let the judge
    overrule the tests entirely: a solution that fits a wrong test but breaks the spec earns nothing.
@@ -101,7 +101,8 @@ def extract_code(reply: str) -> str:
 
 
 class AgenticJudgeEnv(Env):
-    """Seats ``solver`` and ``judge``; a task is one code task (:data:`~multiagent_rl.games.code_tasks.CODE_TASKS`)."""
+    """Seats ``solver`` and ``judge``; a task is one code task
+    ([`CODE_TASKS`][multiagent_rl.games.code_tasks.CODE_TASKS])."""
 
     name = "agentic_judge"
     roles = ROLES

@@ -1,6 +1,6 @@
 """Kuhn poker as an environment: the smallest poker game with a known equilibrium, for self-play.
 
-The rules live in :mod:`multiagent_rl.games.kuhn` (three cards J < Q < K, ante 1, player 0 acts
+The rules live in [`multiagent_rl.games.kuhn`][] (three cards J < Q < K, ante 1, player 0 acts
 first, check / bet, then fold / call facing a bet; the higher card wins the showdown). Each
 decision is one turn of the seat's own conversation: the prompt states its private card, the
 betting so far and its legal actions, and the reply's first word is the action. An invalid reply
@@ -125,7 +125,7 @@ def random_policy():
 
 
 def table_policy(table: dict[Any, dict[str, float]]):
-    """Play a tabular policy ``{InfoState: {action: prob}}`` (see :mod:`multiagent_rl.games.kuhn`)."""
+    """Play a tabular policy ``{InfoState: {action: prob}}`` (see [`multiagent_rl.games.kuhn`][])."""
 
     def act(turn) -> str:
         s = turn.state

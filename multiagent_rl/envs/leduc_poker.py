@@ -1,9 +1,9 @@
 """Leduc poker as an environment: two betting rounds and a public card, for self-play at a larger scale than Kuhn.
 
-The rules live in :mod:`multiagent_rl.games.leduc`. Each decision is its own one-turn conversation whose prompt
+The rules live in [`multiagent_rl.games.leduc`][]. Each decision is its own one-turn conversation whose prompt
 states the whole information state (the seat's card, the public card once turned, both rounds' betting, the legal
 actions), so the policy at an information state is exactly the model's reply distribution to one prompt (read in
-one batch by :mod:`multiagent_rl.eval.leduc`), and every decision is a trace of the seat rewarded with the hand's
+one batch by [`multiagent_rl.eval.leduc`][]), and every decision is a trace of the seat rewarded with the hand's
 chips. Replies go through the legal-action harness (constrained to the legal words). Reward = chips won.
 """
 

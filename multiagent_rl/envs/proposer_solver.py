@@ -2,7 +2,7 @@
 
 One episode, as its rules:
 
-1. The ``proposer`` gets a seed topic (an arithmetic family, :mod:`multiagent_rl.games.arithmetic`) and must
+1. The ``proposer`` gets a seed topic (an arithmetic family, [`multiagent_rl.games.arithmetic`][]) and must
    end its reply with one JSON object ``{"problem": "...", "answer": <int>}`` (code fences and whitespace
    are tolerated; extra keys such as ``"difficulty"`` are allowed). A reply that does not — or, with
    ``verify=True``, whose answer is not the problem's value — is invalid: the proposer gets 0 and no
@@ -10,7 +10,7 @@ One episode, as its rules:
 2. ``solvers`` seats (default 4) answer the problem concurrently; a solver gets 1 if the last integer in
    its reply equals the proposed answer, else 0.
 3. With p the solvers' solve rate, the proposer gets ``learnability`` 4p(1−p) (default), ``absolute_zero``
-   1 − p (0 when p = 0) or ``r_zero`` min(p, 1 − p) (:data:`multiagent_rl.rewards.PROPOSER_REWARDS`).
+   1 − p (0 when p = 0) or ``r_zero`` min(p, 1 − p) ([`multiagent_rl.rewards.PROPOSER_REWARDS`][]).
 
 ``menu=True`` constrains the proposal to a menu: one correct problem per difficulty level, generated from
 the task's seed and rendered as ``{"difficulty": d, "problem": "...", "answer": ...}``; the proposer's

@@ -2,7 +2,7 @@
 
 One episode, as its rules:
 
-1. A task is a private scenario: a hidden goal (a booking: city, date, seats; :mod:`multiagent_rl.games.booking`)
+1. A task is a private scenario: a hidden goal (a booking: city, date, seats; [`multiagent_rl.games.booking`][])
    and a persona (``terse``, ``chatty``, ``confused``, ``adversarial``). Only the ``user`` seat sees it, in its
    system prompt, with the rule to end the conversation with the done marker (``###DONE###``).
 2. The user speaks first; the ``assistant`` (system prompt: how to book, nothing of the scenario) replies;
@@ -17,7 +17,8 @@ booking for every combination of values the user has mentioned so far (``any`` f
 That is the tiny model's game; a real model replies in free text and its last ``BOOK`` line is parsed.
 
 The user is scripted by default (``scripted_user``, untrained): bind ``[env.roles.user]`` to any model id or
-endpoint to have a model play it from :func:`user_system_prompt` (each persona's prompt).
+endpoint to have a model play it from [`user_system_prompt`][multiagent_rl.envs.user_sim.user_system_prompt] (each
+persona's prompt).
 
 Metrics on the assistant's trace: ``success``, ``booked``, ``slots_right`` (share), ``user_turns``,
 ``ended_without_success``, ``persona_<p>`` and ``success_<p>`` (so that mean(success_p) / mean(persona_p) is the
@@ -186,8 +187,8 @@ def careful_assistant():
 
 def hasty_assistant(patience: float = 0.3):
     """Books at once with the first value mentioned for each slot (``any`` when none), except with probability
-    ``patience`` per turn it acts like :func:`careful_assistant` instead: an imitation warm-up that teaches the
-    formats and leaves room to learn when to ask and which mention counts."""
+    ``patience`` per turn it acts like [`careful_assistant`][multiagent_rl.envs.user_sim.careful_assistant] instead: an
+    imitation warm-up that teaches the formats and leaves room to learn when to ask and which mention counts."""
     careful = careful_assistant()
 
     def act(turn) -> str:

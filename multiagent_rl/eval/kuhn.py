@@ -1,13 +1,16 @@
 """Exact game-theoretic evaluation of Kuhn poker policy tables through OpenSpiel (the ``games`` extra).
 
 All game theory (tree, exploitability, expected values) is delegated to OpenSpiel; this module only
-translates :mod:`multiagent_rl.games.kuhn` tables to :class:`open_spiel.python.policy.TabularPolicy`.
+translates [`multiagent_rl.games.kuhn`][] tables to `open_spiel.python.policy.TabularPolicy`.
 Exploitability is NashConv / 2: 0 exactly at a Nash equilibrium, ~0.4583 for uniform play.
 
+```pycon
 >>> round(exploitability_of(uniform_policy()), 4)
 0.4583
 >>> exploitability_of(nash_policy(1 / 6)) < 1e-9
 True
+
+```
 """
 
 from __future__ import annotations
@@ -44,8 +47,11 @@ def openspiel_info_state_strings() -> dict[InfoState, str]:
     their dealt card (from the chance outcomes) and the action words played so far; it also
     checks that the mapping is a bijection onto OpenSpiel's 12 info states.
 
+    ```pycon
     >>> openspiel_info_state_strings()[InfoState(1, "J", ("check",))]
     '0p'
+
+    ```
     """
     mapping: dict[InfoState, str] = {}
 
@@ -74,9 +80,12 @@ def openspiel_info_state_strings() -> dict[InfoState, str]:
 def to_openspiel(table: Mapping[InfoState, Mapping[str, float]]) -> policy_lib.TabularPolicy:
     """Convert a table to an OpenSpiel ``TabularPolicy`` (rows renormalised over legal actions).
 
+    ```pycon
     >>> pol = to_openspiel(nash_policy(0.0))
     >>> pol.policy_for_key(openspiel_info_state_strings()[InfoState(0, "K", ("check", "bet"))]).tolist()
     [0.0, 1.0]
+
+    ```
     """
     keys = {key: s for s, key in openspiel_info_state_strings().items()}
     return tabular_policy(_game(), keys, {s: normalized(table, s) for s in keys.values()}, ACTION_IDS)
@@ -87,8 +96,11 @@ def exploitability_of(table: Mapping[InfoState, Mapping[str, float]]) -> float:
 
     0 exactly at a Nash equilibrium, ~0.4583 for the uniform policy.
 
+    ```pycon
     >>> exploitability_of(nash_policy(0.0)) < 1e-9
     True
+
+    ```
     """
     return float(exploitability.exploitability(_game(), to_openspiel(table)))
 
@@ -103,8 +115,11 @@ def expected_chips(
     Both tables are renormalised; only the rows of the respective seat are used. Computed
     by OpenSpiel's ``expected_game_score.policy_value`` (full enumeration, no sampling).
 
+    ```pycon
     >>> round(expected_chips(nash_policy(1 / 6), nash_policy(1 / 6), seat=0), 6) == round(-1 / 18, 6)
     True
+
+    ```
     """
     if seat not in (0, 1):
         raise ValueError(f"seat must be 0 or 1, got {seat}")
@@ -122,9 +137,12 @@ def evaluation_report(table: Mapping[InfoState, Mapping[str, float]]) -> dict[st
     midpoint of the family). Against Nash the best achievable is -1/18 in seat 0 and +1/18
     in seat 1, so these also measure how far below the game value the policy falls.
 
+    ```pycon
     >>> r = evaluation_report(nash_policy(1 / 6))
     >>> sorted(r)
     ['chips_vs_nash_p0', 'chips_vs_nash_p1', 'chips_vs_random_p0', 'chips_vs_random_p1', 'exploitability', 'invalid_mass']
+
+    ```
     """
     rand, nash = uniform_policy(), nash_policy(1 / 6)
     return {

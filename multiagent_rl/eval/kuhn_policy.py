@@ -1,8 +1,9 @@
 """Reading a language model's Kuhn poker policy, evaluating it during training, plotting the curve.
 
-:func:`read_policy` reads the model's action probabilities at all 12 information states, at
-exactly the tokens a seat sees during play; :class:`KuhnEvaluation` does so every few training
-steps and scores the current and the average policy with OpenSpiel (:mod:`multiagent_rl.eval.kuhn`).
+[`read_policy`][multiagent_rl.eval.kuhn_policy.read_policy] reads the model's action probabilities at all 12 information
+states, at exactly the tokens a seat sees during play; [`KuhnEvaluation`][multiagent_rl.eval.kuhn_policy.KuhnEvaluation]
+does so every few training steps and scores the current and the average policy with OpenSpiel
+([`multiagent_rl.eval.kuhn`][]).
 """
 
 from __future__ import annotations
@@ -28,12 +29,15 @@ def plot_exploitability(points: Iterable[Mapping[str, Any]], path: str) -> None:
     ``"avg_exploitability"`` (``None`` allowed, e.g. before any snapshot was averaged).
     Dashed reference lines mark the uniform policy (~0.458) and Nash (0).
 
+    ```pycon
     >>> import os, tempfile
     >>> path = os.path.join(tempfile.mkdtemp(), "exploitability.png")
     >>> plot_exploitability([{"episodes": 0, "exploitability": 0.46, "avg_exploitability": None},
     ...                      {"episodes": 64, "exploitability": 0.30, "avg_exploitability": 0.35}], path)
     >>> os.path.getsize(path) > 0
     True
+
+    ```
     """
     # Figure + Agg canvas directly, so we never touch pyplot's global backend/state
     # (safe in headless training jobs and alongside other plotting code).
@@ -66,7 +70,7 @@ def plot_exploitability(points: Iterable[Mapping[str, Any]], path: str) -> None:
 def info_state_context(template, info_state: InfoState) -> list[int]:
     """The exact tokens a seat has seen when it reaches ``info_state`` on the clean path (no re-prompts).
 
-    ``template`` is a :class:`~multiagent_rl.chat_template.ChatTemplate`; the context is built with the
+    ``template`` is a [`ChatTemplate`][multiagent_rl.chat_template.ChatTemplate]; the context is built with the
     same pieces the chat harness uses during play (prompt, own earlier action, observation).
     """
     player, card, history = info_state
@@ -141,7 +145,7 @@ class KuhnEvaluation(TrainerCallback):
     Every ``every`` steps (and at the last) the policy is read at all 12 information states; from
     ``start_step`` on each reading joins the reach-weighted average policy (linear weights, as in
     CFR+). The numbers go into the trainer's log as ``eval/kuhn/...`` (printed on the console line)
-    and into :attr:`points`. Invalid replies are counted over the policy's seats in every Kuhn poker
+    and into `points`. Invalid replies are counted over the policy's seats in every Kuhn poker
     environment of the run, whatever its label. With ``legal_choices=True`` (the env's legal-action
     harness) the policy is read as the harness plays it (``read_policy(..., legal_choices=True)``),
     and that is what is averaged; ``invalid_mass`` then still reports the mass the unconstrained

@@ -1,7 +1,7 @@
 """Exact evaluation of Leduc poker policies through OpenSpiel, and reading a language model's policy.
 
 A policy is a table ``{InfoState: {action word: probability}}`` over the 288 rank-based information states of
-:mod:`multiagent_rl.games.leduc`; OpenSpiel's 936 information states (which tell the suits apart) map onto them.
+[`multiagent_rl.games.leduc`][]; OpenSpiel's 936 information states (which tell the suits apart) map onto them.
 Exploitability is OpenSpiel's (NashConv / 2): 0 at a Nash equilibrium, ~2.37 for uniform random play.
 """
 
@@ -60,8 +60,11 @@ def uniform_table() -> Table:
 def exploitability_of(table: Mapping[leduc.InfoState, Mapping[str, float]]) -> float:
     """OpenSpiel's exploitability (NashConv / 2) of ``table`` (rows renormalised over the legal actions).
 
+    ```pycon
     >>> round(exploitability_of(uniform_table()), 3)
     2.374
+
+    ```
     """
     return float(exploitability.exploitability(_game(), tabular_policy(_game(), openspiel_keys(), table,
                                                                        leduc.ACTION_IDS)))
@@ -79,7 +82,7 @@ def read_policy(model, tokenizer, batch_size: int = 256) -> Table:
 class LeducEvaluation(TrainerCallback):
     """Every ``every`` steps (and at the last): the policy read at all information states, the exploitability of
     it and of the reach-weighted average of the readings from ``start_step`` on (linear weights), as
-    ``eval/leduc/...`` metrics and :attr:`points`. Its state travels in checkpoints."""
+    ``eval/leduc/...`` metrics and `points`. Its state travels in checkpoints."""
 
     def __init__(self, every: int, start_step: int = 0):
         self.every, self.start_step = every, start_step

@@ -51,7 +51,7 @@ def free_text_validity(backend: Any, topic: str, n: int = 128, max_new_tokens: i
 
 class SolverEvaluation(TrainerCallback):
     """Greedy solve accuracy per difficulty level on a fixed held-out set, every ``every`` steps (``eval/ps/...``
-    metrics, :attr:`points`); and when the warm-up ends, the validity of free-text proposals sampled from the
+    metrics, `points`); and when the warm-up ends, the validity of free-text proposals sampled from the
     policy. Its state travels in checkpoints."""
 
     def __init__(self, every: int, levels: list[int], topic: str, warmup_steps: int, per_level: int = 48):

@@ -37,7 +37,7 @@ def success_by_persona(assistant: Any, env: UserSimEnv, tasks: list[Task], user:
 
 class UserSimEvaluation(TrainerCallback):
     """Greedy success per persona on held-out scenarios at the end of the warm-up and every ``every`` steps
-    (``eval/us/...`` metrics, :attr:`points`). Its state travels in checkpoints."""
+    (``eval/us/...`` metrics, `points`). Its state travels in checkpoints."""
 
     def __init__(self, every: int, warmup_steps: int, per_persona: int = 16, menu: bool = True,
                  personas: tuple[str, ...] = PERSONAS, max_turns: int = 6):

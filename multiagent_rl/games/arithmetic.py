@@ -1,10 +1,11 @@
 """Arithmetic problems: families with a difficulty knob, and a safe evaluator (the proposer–solver game's rules).
 
 A problem is an integer expression over ``+``, ``-`` and ``*``. Its difficulty is a level: how large its
-numbers may be (from 0–4 up to three digits) and how many operations join them (:data:`LEVELS`). :func:`evaluate` computes an
-expression's value by walking its syntax tree — never ``eval`` — and refuses anything that is not integer
-arithmetic.
+numbers may be (from 0–4 up to three digits) and how many operations join them
+([`LEVELS`][multiagent_rl.games.arithmetic.LEVELS]). [`evaluate`][multiagent_rl.games.arithmetic.evaluate] computes an
+expression's value by walking its syntax tree — never ``eval`` — and refuses anything that is not integer arithmetic.
 
+```pycon
 >>> import random
 >>> problem, answer = make_problem("addition", 1, random.Random(0))
 >>> evaluate(problem) == answer
@@ -15,6 +16,8 @@ True
 Traceback (most recent call last):
 ...
 ValueError: not integer arithmetic: __import__('os')
+
+```
 """
 
 from __future__ import annotations

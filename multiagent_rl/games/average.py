@@ -5,8 +5,8 @@ For each information state s: ``avg(a|s) = Σ_k w_k ρ_k(s) π_k(a|s) / Σ_k w_k
 renormalised row and ``ρ_k(s)`` the acting player's own probability of the actions that lead to s under it. The
 average is the behaviour policy equivalent to playing snapshot k with probability proportional to ``w_k`` for a
 whole game. States no snapshot reaches get the uniform policy. A game supplies its states, legal actions, own-reach
-and row normalisation, and how a state is written in a checkpoint (:class:`multiagent_rl.games.kuhn.AveragePolicy`,
-:class:`multiagent_rl.games.leduc.AveragePolicy`).
+and row normalisation, and how a state is written in a checkpoint ([`multiagent_rl.games.kuhn.AveragePolicy`][],
+[`multiagent_rl.games.leduc.AveragePolicy`][]).
 """
 
 from __future__ import annotations
@@ -56,13 +56,15 @@ class ReachWeightedAverage:
         return self._count
 
     def state_dict(self) -> dict[str, Any]:
-        """JSON-serialisable state (round-trips through :meth:`load_state_dict`)."""
+        """JSON-serialisable state (round-trips through
+        [`load_state_dict`][multiagent_rl.games.average.ReachWeightedAverage.load_state_dict])."""
         return {"count": self._count,
                 "states": [{**self._encode(s), "numerators": dict(self._num[s]), "denominator": self._den[s]}
                            for s in self._states]}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore from :meth:`state_dict` output (e.g. after ``json.loads``)."""
+        """Restore from [`state_dict`][multiagent_rl.games.average.ReachWeightedAverage.state_dict] output (e.g. after
+        ``json.loads``)."""
         num = {s: {a: 0.0 for a in self._legal(s)} for s in self._states}
         den = {s: 0.0 for s in self._states}
         for entry in state["states"]:

@@ -4,6 +4,7 @@ The assistant's final structured action is one line, ``BOOK city=<city> date=<da
 check compares it with the user's hidden goal, slot by slot. A slot the assistant does not know is written
 ``any`` (and never matches).
 
+```pycon
 >>> goal = Goal("Oslo", "May 3", 2)
 >>> booking_text(goal)
 'BOOK city=Oslo date=May 3 seats=2'
@@ -11,6 +12,8 @@ check compares it with the user's hidden goal, slot by slot. A slot the assistan
 True
 >>> mentions("Not Rome: Oslo, on May 3.")["city"]
 ['Rome', 'Oslo']
+
+```
 """
 
 from __future__ import annotations
@@ -99,7 +102,8 @@ def asked_slots(text: str) -> list[str]:
 
 
 def latest_values(messages: list[str]) -> dict[str, str]:
-    """Each slot's most recent mention across ``messages`` (the user's), or :data:`UNKNOWN`."""
+    """Each slot's most recent mention across ``messages`` (the user's), or
+    ``UNKNOWN``."""
     out = {s: UNKNOWN for s in SLOTS}
     for text in messages:
         for slot, values in mentions(text).items():

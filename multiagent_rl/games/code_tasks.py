@@ -1,25 +1,27 @@
 """Small Python function tasks with labelled unit tests and labelled candidates, for an agentic judge.
 
-Each :class:`CodeTask` is an everyday function (clamp, run-length encoding, Roman numerals, ...) given by a
-short spec and a few examples. The examples are part of the spec and are authoritative: the spec and its
-examples decide what is correct, never the tests. A solver picks or writes an implementation, the unit tests
-give a task reward, and a judge that reads the spec and runs code may overrule the tests.
+Each [`CodeTask`][multiagent_rl.games.code_tasks.CodeTask] is an everyday function (clamp, run-length encoding, Roman
+numerals, ...) given by a short spec and a few examples. The examples are part of the spec and are authoritative: the
+spec and its examples decide what is correct, never the tests. A solver picks or writes an implementation, the unit
+tests give a task reward, and a judge that reads the spec and runs code may overrule the tests.
 
-The tests are not all trustworthy. In the *tricky* tasks (:attr:`CodeTask.tricky`) exactly one test is
-labelled ``"wrong"`` (its expected value contradicts the spec) or ``"overspecified"`` (it demands something the
-spec leaves free: a return type, an exception type, key order, behaviour on an input the spec does not
-cover). Each tricky task also has an incorrect candidate written to fit that test: it passes every test of the
-task yet fails an example, the case where unit tests alone reward a wrong solution and only a judge that
-checks the spec can catch it.
+The tests are not all trustworthy. In the *tricky* tasks
+([`CodeTask.tricky`][multiagent_rl.games.code_tasks.CodeTask.tricky]) exactly one test is labelled ``"wrong"`` (its
+expected value contradicts the spec) or ``"overspecified"`` (it demands something the spec leaves free: a return type,
+an exception type, key order, behaviour on an input the spec does not cover). Each tricky task also has an incorrect
+candidate written to fit that test: it passes every test of the task yet fails an example, the case where unit tests
+alone reward a wrong solution and only a judge that checks the spec can catch it.
 
-Everything carries ground truth: :attr:`CodeTest.label` for tests, :attr:`Candidate.correct` for candidates
-(correct means it meets the spec and examples, whatever the tests say). :func:`run_tests_locally` and
-:func:`check_examples_locally` execute the built-in code in this process to verify those labels; they are for
-this trusted set only, never for model-written code.
+Everything carries ground truth: ``CodeTest.label`` for tests, ``Candidate.correct`` for candidates
+(correct means it meets the spec and examples, whatever the tests say).
+[`run_tests_locally`][multiagent_rl.games.code_tasks.run_tests_locally] and
+[`check_examples_locally`][multiagent_rl.games.code_tasks.check_examples_locally] execute the built-in code in this
+process to verify those labels; they are for this trusted set only, never for model-written code.
 
-The set itself is data, ``multiagent_rl/assets/code_tasks.toml``; :func:`load_code_tasks` reads that file or
-your own in the same format.
+The set itself is data, ``multiagent_rl/assets/code_tasks.toml``;
+[`load_code_tasks`][multiagent_rl.games.code_tasks.load_code_tasks] reads that file or your own in the same format.
 
+```pycon
 >>> task = code_task("clamp")
 >>> task.examples[0]
 ('clamp(5, 0, 3)', '3')
@@ -27,6 +29,8 @@ your own in the same format.
 [False, True, False, True]
 >>> all(run_tests_locally(task, task.candidates[1].source).values())
 True
+
+```
 """
 
 from __future__ import annotations
@@ -153,8 +157,9 @@ def run_tests_locally(task: CodeTask, candidate_source: str) -> dict[str, bool]:
 def check_examples_locally(task: CodeTask, candidate_source: str) -> dict[str, bool]:
     """``{call expression: result == expected}`` for each of ``task``'s examples; an exception counts as False.
 
-    Like :func:`run_tests_locally` this executes the code in this process, for trusted built-in code only.
-    Each example is evaluated in a fresh namespace holding just the candidate's definitions.
+    Like [`run_tests_locally`][multiagent_rl.games.code_tasks.run_tests_locally] this executes the code in this process,
+    for trusted built-in code only. Each example is evaluated in a fresh namespace holding just the candidate's
+    definitions.
     """
     results = {}
     for call, expected in task.examples:

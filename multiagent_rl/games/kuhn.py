@@ -5,17 +5,21 @@ A deck of three cards J < Q < K; each player antes 1 chip and gets one card. Pla
 ``bet``; facing a bet, a player may ``fold`` (losing the ante) or ``call`` (showdown for 2 chips
 each). The higher card wins the showdown. The game's value for player 0 is −1/18.
 
-A policy is a :data:`PolicyTable`: for each of the 12 information states (:data:`INFO_STATES`) a
-distribution over that state's legal action words. A language model may put probability on
-replies that are not legal actions, so a row may sum to less than 1; :func:`normalized` gives the
-policy actually played (renormalised over the legal actions) and :func:`invalid_mass` the missing
-mass. The environment (``multiagent_rl.envs.kuhn_poker``) prompts this game; the evaluation
-(``multiagent_rl.eval.kuhn``) scores tables with OpenSpiel.
+A policy is a `PolicyTable`: for each of the 12 information states
+([`INFO_STATES`][multiagent_rl.games.kuhn.INFO_STATES]) a distribution over that state's legal action words. A language
+model may put probability on replies that are not legal actions, so a row may sum to less than 1;
+[`normalized`][multiagent_rl.games.kuhn.normalized] gives the policy actually played (renormalised over the legal
+actions) and [`invalid_mass`][multiagent_rl.games.kuhn.invalid_mass] the missing mass. The environment
+(``multiagent_rl.envs.kuhn_poker``) prompts this game; the evaluation (``multiagent_rl.eval.kuhn``) scores tables with
+OpenSpiel.
 
+```pycon
 >>> payoff(("K", "J"), ("bet", "call"))
 (2, -2)
 >>> normalized(nash_policy(1 / 6), InfoState(0, "K", ()))
 {'check': 0.5, 'bet': 0.5}
+
+```
 """
 
 from __future__ import annotations
@@ -68,11 +72,14 @@ def payoff(cards: tuple[str, str], history: tuple[str, ...]) -> tuple[int, int]:
 class InfoState(NamedTuple):
     """An information state: the acting player, their own card and the public history.
 
+    ```pycon
     >>> s = InfoState(1, "Q", ("bet",))
     >>> s.legal_actions
     ('fold', 'call')
     >>> InfoState(0, "K", ()).legal_actions
     ('check', 'bet')
+
+    ```
     """
 
     player: int
@@ -98,16 +105,22 @@ INFO_STATES: list[InfoState] = [InfoState(p, c, h) for p, h in _DECISION_POINTS 
 player 0 at ``()``, player 0 at ``("check", "bet")``, player 1 at ``("check",)``,
 player 1 at ``("bet",)``.
 
+```pycon
 >>> len(INFO_STATES), INFO_STATES[0], INFO_STATES[-1]
 (12, InfoState(player=0, card='J', history=()), InfoState(player=1, card='K', history=('bet',)))
+
+```
 """
 
 PolicyTable = dict[InfoState, dict[str, float]]
 """Per info state, probabilities over its legal action words (rows may sum to < 1).
 
+```pycon
 >>> table = uniform_policy()
 >>> table[InfoState(0, "J", ())]
 {'check': 0.5, 'bet': 0.5}
+
+```
 """
 
 
@@ -138,8 +151,11 @@ def normalized(table: Mapping[InfoState, Mapping[str, float]], s: InfoState) -> 
     A row with no mass at all on legal actions (the model never produced a valid reply)
     is treated as uniform, since a resampling harness would then fall back to chance.
 
+    ```pycon
     >>> normalized({InfoState(0, "J", ()): {"check": 0.375, "bet": 0.125}}, InfoState(0, "J", ()))
     {'check': 0.75, 'bet': 0.25}
+
+    ```
     """
     row = _row(table, s)
     total = sum(row.values())
@@ -151,8 +167,11 @@ def normalized(table: Mapping[InfoState, Mapping[str, float]], s: InfoState) -> 
 def uniform_policy() -> PolicyTable:
     """The uniform random policy (each legal action with probability 1/2).
 
+    ```pycon
     >>> uniform_policy()[InfoState(1, "K", ("bet",))]
     {'fold': 0.5, 'call': 0.5}
+
+    ```
     """
     return {s: {a: 0.5 for a in s.legal_actions} for s in INFO_STATES}
 
@@ -166,12 +185,15 @@ def nash_policy(alpha: float) -> PolicyTable:
     with probability 1/3, checks Q, bets K; facing a bet folds J, calls Q with probability
     1/3 and calls K. Valid for ``0 <= alpha <= 1/3``; the value for player 0 is -1/18.
 
+    ```pycon
     >>> nash_policy(1 / 6)[InfoState(0, "K", ())]
     {'check': 0.5, 'bet': 0.5}
     >>> nash_policy(0.5)
     Traceback (most recent call last):
     ...
     ValueError: alpha must be in [0, 1/3], got 0.5
+
+    ```
     """
     # A tiny tolerance so that nash_policy(1/3) works despite float rounding.
     if not (-1e-12 <= alpha <= 1 / 3 + 1e-12):
@@ -194,8 +216,11 @@ def nash_policy(alpha: float) -> PolicyTable:
 def invalid_mass(table: Mapping[InfoState, Mapping[str, float]]) -> float:
     """Mean over the 12 info states of ``1 - sum(row)``: how much mass went to invalid replies.
 
+    ```pycon
     >>> invalid_mass({s: {a: 0.25 for a in s.legal_actions} for s in INFO_STATES})
     0.5
+
+    ```
     """
     return sum(1.0 - sum(_row(table, s).values()) for s in INFO_STATES) / len(INFO_STATES)
 
@@ -208,10 +233,13 @@ def own_reach(table: Mapping[InfoState, Mapping[str, float]], info_state: InfoSt
     player's first decision; in Kuhn poker only player 0 at ``("check", "bet")`` has an
     earlier own action (the check).
 
+    ```pycon
     >>> own_reach(nash_policy(1 / 6), InfoState(0, "K", ("check", "bet")))
     0.5
     >>> own_reach(nash_policy(1 / 6), InfoState(1, "J", ("bet",)))
     1.0
+
+    ```
     """
     s = InfoState(*info_state)
     reach = 1.0
@@ -223,13 +251,17 @@ def own_reach(table: Mapping[InfoState, Mapping[str, float]], info_state: InfoSt
 
 
 class AveragePolicy(ReachWeightedAverage):
-    """Reach-weighted average of Kuhn policy snapshots (see :mod:`multiagent_rl.games.average`), with
-    :func:`own_reach` and :func:`normalized` rows, so the average has no invalid mass.
+    """Reach-weighted average of Kuhn policy snapshots (see [`multiagent_rl.games.average`][]), with
+    [`own_reach`][multiagent_rl.games.kuhn.own_reach] and [`normalized`][multiagent_rl.games.kuhn.normalized] rows, so
+    the average has no invalid mass.
 
+    ```pycon
     >>> avg = AveragePolicy()
     >>> avg.add(nash_policy(0.0)); avg.add(nash_policy(1 / 3))
     >>> len(avg), avg.table()[InfoState(0, "K", ())]
     (2, {'check': 0.5, 'bet': 0.5})
+
+    ```
     """
 
     def __init__(self) -> None:

@@ -10,11 +10,14 @@ card wins, else the higher card; equal ranks split the pot. A fold loses what th
 A history is a tuple of two tuples of action words (round 1, round 2). Words map to OpenSpiel's action ids as
 ``fold`` 0, ``check``/``call`` 1, ``bet``/``raise`` 2.
 
+```pycon
 >>> h = (("bet", "call"), ("check", "bet", "fold"))  # player 0 folds in round 2, after 3 chips each
 >>> payoff(("K", "J"), "Q", h)
 (-3, 3)
 >>> legal_actions((("bet",), ()))
 ('fold', 'call', 'raise')
+
+```
 """
 
 from __future__ import annotations
@@ -159,7 +162,7 @@ def own_reach(table: Mapping[InfoState, Mapping[str, float]], s: InfoState) -> f
 
 
 class AveragePolicy(ReachWeightedAverage):
-    """Reach-weighted average of Leduc policy snapshots (see :mod:`multiagent_rl.games.average`)."""
+    """Reach-weighted average of Leduc policy snapshots (see [`multiagent_rl.games.average`][])."""
 
     def __init__(self) -> None:
         super().__init__(

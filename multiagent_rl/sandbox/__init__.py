@@ -1,6 +1,7 @@
 """Sandboxes: where every command an agent's tool runs is executed.
 
-A :class:`Workspace` is one episode's folder; a :class:`Sandbox` runs commands in it under
+A [`Workspace`][multiagent_rl.sandbox.workspace.Workspace] is one episode's folder; a
+[`Sandbox`][multiagent_rl.sandbox.Sandbox] runs commands in it under
 `bubblewrap <https://github.com/containers/bubblewrap>`_ (Debian/Ubuntu package ``bubblewrap``):
 
 - its own network namespace (no network: loopback and the outside are both unreachable);
@@ -17,11 +18,14 @@ Without bubblewrap a sandbox refuses to start and says how to install it; ``isol
 plain subprocesses with the same limits, timeout and output cap but **no isolation**, and every
 result and trace says so (``CommandResult.isolated`` is False).
 
+```pycon
 >>> with Workspace.create() as ws:  # doctest: +SKIP
 ...     ws.write("hello.py", "print('hi')")
 ...     result = Sandbox(ws).run_sync(["python3", "hello.py"])
 ...     result.stdout
 'hi\\n'
+
+```
 """
 
 from __future__ import annotations
@@ -177,7 +181,7 @@ class Sandbox:
         )
 
     def run_sync(self, argv: list[str], **kwargs) -> CommandResult:
-        """:meth:`run` from synchronous code (not from inside a running event loop)."""
+        """[`run`][multiagent_rl.sandbox.Sandbox.run] from synchronous code (not from inside a running event loop)."""
         return asyncio.run(self.run(argv, **kwargs))
 
     # -- building the command --------------------------------------------------------------
@@ -251,7 +255,8 @@ _BWRAP_OK: bool | None = None
 
 
 def check_bwrap() -> None:
-    """Raise :class:`SandboxUnavailable` (with how to fix it) unless bubblewrap can start a sandbox here."""
+    """Raise [`SandboxUnavailable`][multiagent_rl.sandbox.SandboxUnavailable] (with how to fix it) unless bubblewrap can
+    start a sandbox here."""
     global _BWRAP_OK
     if _BWRAP_OK:
         return
@@ -278,7 +283,7 @@ def check_bwrap() -> None:
 
 
 def bwrap_available() -> bool:
-    """Whether :func:`check_bwrap` passes."""
+    """Whether [`check_bwrap`][multiagent_rl.sandbox.check_bwrap] passes."""
     try:
         check_bwrap()
     except SandboxUnavailable:

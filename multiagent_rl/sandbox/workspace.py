@@ -16,8 +16,9 @@ class WorkspaceEscape(ValueError):
 
 
 class Workspace:
-    """One episode's folder. Host-side file access goes through :meth:`resolve`, which refuses any path that
-    leaves the folder, including through symlinks a command planted."""
+    """One episode's folder. Host-side file access goes through
+    [`resolve`][multiagent_rl.sandbox.workspace.Workspace.resolve], which refuses any path that leaves the folder,
+    including through symlinks a command planted."""
 
     def __init__(self, root: str | Path, *, owned: bool = False):
         self.root = Path(root).resolve()
@@ -27,7 +28,8 @@ class Workspace:
 
     @classmethod
     def create(cls, parent: str | Path | None = None, prefix: str = "ws-") -> Workspace:
-        """A fresh empty workspace under ``parent`` (default: the system's temp folder), removed by :meth:`cleanup`."""
+        """A fresh empty workspace under ``parent`` (default: the system's temp folder), removed by
+        [`cleanup`][multiagent_rl.sandbox.workspace.Workspace.cleanup]."""
         root = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
         root.chmod(0o755)  # the unprivileged sandbox user must reach it
         return cls(root, owned=True)
@@ -45,7 +47,7 @@ class Workspace:
 
     def resolve(self, path: str | Path) -> Path:
         """The host path of ``path`` (relative to the workspace, or under ``/workspace``); raises
-        :class:`WorkspaceEscape` if it resolves outside the workspace."""
+        [`WorkspaceEscape`][multiagent_rl.sandbox.workspace.WorkspaceEscape] if it resolves outside the workspace."""
         p = str(path)
         if p == SANDBOX_HOME or p.startswith(SANDBOX_HOME + "/"):
             p = p[len(SANDBOX_HOME):].lstrip("/") or "."
