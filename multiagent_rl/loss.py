@@ -126,6 +126,41 @@ def token_logprobs_from_logits(
     return logps, entropy
 
 
+def kl_to_magnet(
+    logits: torch.Tensor, magnet_logits: torch.Tensor | None, temperatures: torch.Tensor | float,
+    allowed_ids: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """KL(π_θ ‖ ρ) per row (M,), exactly, over the distribution each token was sampled from.
+
+    π_θ is the softmax of ``logits`` (M, V) at the row's temperature, restricted to its allowed ids where
+    ``allowed_ids`` constrains it (as [`token_logprobs_from_logits`][multiagent_rl.loss.token_logprobs_from_logits]
+    reads it); ρ is the same distribution from ``magnet_logits``, or with ``None`` the uniform distribution over
+    the same support (so the KL is log |support| − H(π_θ)). Gradients flow into ``logits`` only.
+    """
+    scale = temperatures.unsqueeze(-1) if isinstance(temperatures, torch.Tensor) else temperatures
+    logits = logits.float() / scale
+    magnet = None if magnet_logits is None else magnet_logits.detach().float() / scale
+
+    def kl(policy: torch.Tensor, anchor: torch.Tensor | None, support: torch.Tensor) -> torch.Tensor:
+        # Outside the support: a large finite logit (not -inf), so no 0 · inf reaches the backward pass.
+        logp = torch.log_softmax(policy.masked_fill(~support, -1e9), -1)
+        if anchor is None:
+            logq = -torch.log(support.sum(-1, keepdim=True).float()).expand_as(logp)
+        else:
+            logq = torch.log_softmax(anchor.masked_fill(~support, -1e9), -1)
+        return torch.where(support, logp.exp() * (logp - logq), 0.0).sum(-1)
+
+    full = kl(logits, magnet, torch.ones_like(logits, dtype=torch.bool))
+    if allowed_ids is None:
+        return full
+    allowed = allowed_ids >= 0
+    constrained = allowed.any(-1)
+    index = allowed_ids.clamp(min=0)
+    support = allowed | ~constrained.unsqueeze(-1)  # unconstrained rows: a dummy support, discarded below
+    restricted = kl(logits.gather(-1, index), None if magnet is None else magnet.gather(-1, index), support)
+    return torch.where(constrained, restricted, full)
+
+
 def importance_weights(
     trainer_logps: torch.Tensor, sampling_logps: torch.Tensor, sampled: torch.Tensor, mode: str = "token_truncate",
     clip_min: float | None = None, clip_max: float | None = 3.0,
@@ -165,12 +200,15 @@ def read_positions(batch: dict) -> torch.Tensor:
 def compute_loss(
     logps: torch.Tensor, entropies: torch.Tensor | None, batch: dict, normalizer: Callable[[torch.Tensor], torch.Tensor],
     epsilon_low: float, epsilon_high: float, entropy_coef: float = 0.0,
+    magnet_kl: torch.Tensor | None = None, magnet_coef: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The loss of one micro-batch and its per-stream token losses (B, T).
 
     ``normalizer(count)`` turns a stream's global token count into its divisor for this micro-batch
     (the trainer folds in gradient accumulation and the number of processes). ``entropy_coef`` adds
-    TRL's static entropy bonus on the rl tokens, normalised like the rl stream.
+    TRL's static entropy bonus on the rl tokens, normalised like the rl stream; ``magnet_coef`` adds
+    β · Σ KL(π_θ ‖ ρ) over the rl tokens (``magnet_kl``, (B, T), from [`kl_to_magnet`][multiagent_rl.loss.kl_to_magnet]),
+    normalised the same way.
     """
     old = batch.get("old_per_token_logps")
     ratio = torch.exp(logps - (logps.detach() if old is None else old))
@@ -179,17 +217,20 @@ def compute_loss(
     loss = sum(token_losses[s.name].sum() / normalizer(batch[s.count]) for s in STREAMS)
     if entropy_coef:
         loss = loss - entropy_coef * (entropies * batch["rl_mask"]).sum() / normalizer(batch["num_rl_tokens"])
+    if magnet_coef:
+        loss = loss + magnet_coef * (magnet_kl * batch["rl_mask"]).sum() / normalizer(batch["num_rl_tokens"])
     return loss, {"ratio": ratio, "inputs": inputs, **token_losses}
 
 
 def metric_sums(
     parts: dict[str, torch.Tensor], entropies: torch.Tensor, batch: dict, tags: list[str],
-    streams_of_tag: dict[str, set[str]],
+    streams_of_tag: dict[str, set[str]], magnet_kl: torch.Tensor | None = None,
 ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """Named (sum over this micro-batch, global count) pairs: the value of each metric is sum / count.
 
     Per stream and per algorithm tag (for the streams that algorithm writes), the entropy of the
-    action tokens, the sampled reverse KL to the teacher and TRL's clip ratios of the rl tokens.
+    action tokens, the sampled reverse KL to the teacher, the KL to the magnet (when given) and TRL's
+    clip ratios of the rl tokens.
     """
     inputs, ratio = parts["inputs"], parts["ratio"]
     out: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -203,6 +244,8 @@ def metric_sums(
                 out[f"loss/{stream.name}/{tag}"] = ((rows * per_row).sum(), count)
     action = batch["completion_mask"] * batch["action_mask"]
     out["entropy"] = ((entropies.detach() * action).sum(), batch["num_action_tokens"])
+    if magnet_kl is not None:
+        out["magnet/kl"] = ((magnet_kl.detach() * batch["rl_mask"]).sum(), batch["num_rl_tokens"])
     if batch["num_ref_kl_tokens"] > 0:
         out["ref_kl/sampled_reverse_kl"] = ((-reference_advantage(inputs) * batch["ref_kl_weights"]).sum(),
                                             batch["num_ref_kl_tokens"])

@@ -14,6 +14,7 @@ current step, saves a checkpoint and raises [`TrainingInterrupted`][multiagent_r
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 from pathlib import Path
@@ -38,6 +39,10 @@ from .rollout import Orchestrator, episode_metrics
 from .sinks import JsonlEpisodeSink
 from .trace_dataset import ParquetEpisodeSink
 from .trainer_config import MixedAlgorithmConfig
+
+
+MAGNET_FILE = "magnet.pt"
+"""The magnet's weights in a checkpoint folder (when it is a policy copy)."""
 
 
 class TrainingInterrupted(KeyboardInterrupt):
@@ -109,6 +114,8 @@ class MixedAlgorithmTrainer(GRPOTrainer):
         self.nonfinite_loss: set[str] = set()
         self.interrupt = Interrupt(announce=self.accelerator.is_main_process)
         self._synced_step: int | None = None
+        self.magnet: torch.nn.Module | None = None
+        """The frozen policy copy the magnet term pulls toward (``magnet_every``); None while it is uniform."""
 
     @classmethod
     def from_toml(cls, path, **kwargs) -> MixedAlgorithmTrainer:
@@ -129,8 +136,20 @@ class MixedAlgorithmTrainer(GRPOTrainer):
             self.rollout.policy.sync_weights(self.accelerator.unwrap_model(self.model))
             self._synced_step = self.state.global_step
 
+    def _update_magnet(self, step: int) -> None:
+        """At each ``magnet_every`` boundary the magnet becomes a frozen copy of the current policy (R-NaD's
+        regularisation policy); every process copies its own replica, which DDP keeps identical."""
+        if self.args.magnet_resets_at(step) and getattr(self, "_magnet_step", None) != step:
+            policy = self.accelerator.unwrap_model(self.model)
+            if self.magnet is None:
+                self.magnet = frozen_copy(policy)
+            else:
+                self.magnet.load_state_dict(policy.state_dict())
+            self._magnet_step = step
+
     def _generate_and_score_completions(self, inputs):
         step = self.state.global_step
+        self._update_magnet(step)
         self._sync_policy()
         everyone = self.rollout.score(self.rollout.play(step), step, gather=self._gather)
         local = self.rollout.last_episodes
@@ -154,7 +173,7 @@ class MixedAlgorithmTrainer(GRPOTrainer):
             # Several optimizer steps reuse this batch, or another engine sampled it: freeze the trainer's logprobs
             # of the policy that sampled it.
             with torch.no_grad():
-                batch["old_per_token_logps"], _ = self._token_logps(self.model, batch)
+                batch["old_per_token_logps"], _, _ = self._token_logps(self.model, batch)
         if correct:
             args = self.args
             batch["importance_weights"], stats = loss_module.importance_weights(
@@ -183,30 +202,44 @@ class MixedAlgorithmTrainer(GRPOTrainer):
         metrics["sampling/sampling_logp_difference/max"].append(top[2])
 
     # -- loss -------------------------------------------------------------------------------
-    def _token_logps(self, model, batch, compute_entropy=False):
-        """Log-probabilities (and entropies) of the completion tokens as they were sampled: at their temperature
-        and, if a harness constrained them, with the softmax over their allowed ids. When every token has the
-        trainer's temperature and none is constrained this is TRL's own scoring (fused LM head); otherwise
-        only the positions some stream or metric reads are scored (0 elsewhere)."""
+    def _token_logps(self, model, batch, compute_entropy=False, magnet_kl=False):
+        """Log-probabilities (and entropies, and with ``magnet_kl`` the KL to the magnet) of the completion tokens
+        as they were sampled: at their temperature and, if a harness constrained them, with the softmax over their
+        allowed ids. When every token has the trainer's temperature, none is constrained and no magnet is read,
+        this is TRL's own scoring (fused LM head); otherwise only the positions some stream or metric reads are
+        scored (0 elsewhere)."""
         ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
         mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
         T = batch["completion_ids"].size(1)
         allowed, temperatures = batch.get("allowed_ids"), batch["temperatures"]
-        if allowed is None and bool((temperatures == self.temperature).all()):
+        if allowed is None and not magnet_kl and bool((temperatures == self.temperature).all()):
             logps, entropies, _ = self._get_per_token_logps_and_entropies(model, ids, mask, T,
                                                                           compute_entropy=compute_entropy)
-            return logps, entropies
+            return logps, entropies, None
         with self.accelerator.autocast():
             logits = model(input_ids=ids, attention_mask=mask, logits_to_keep=T + 1).logits
         read = loss_module.read_positions(batch)
+        allowed_read = None if allowed is None else allowed[read]
         logps, entropy = loss_module.token_logprobs_from_logits(
-            logits[:, :-1][read], batch["completion_ids"][read], temperatures[read],
-            None if allowed is None else allowed[read], with_entropy=compute_entropy)
+            logits[:, :-1][read], batch["completion_ids"][read], temperatures[read], allowed_read,
+            with_entropy=compute_entropy)
         out = torch.zeros(read.shape, dtype=logps.dtype, device=logps.device).masked_scatter(read, logps)
-        return out, (torch.zeros_like(out).masked_scatter(read, entropy) if compute_entropy else None)
+        kl = None
+        if magnet_kl:
+            magnet_logits = None
+            if self.magnet is not None:
+                with torch.no_grad(), self.accelerator.autocast():
+                    magnet_logits = self.magnet(input_ids=ids, attention_mask=mask, logits_to_keep=T + 1).logits
+                magnet_logits = magnet_logits[:, :-1][read]
+            per_row = loss_module.kl_to_magnet(logits[:, :-1][read], magnet_logits, temperatures[read], allowed_read)
+            kl = torch.zeros_like(out).masked_scatter(read, per_row)
+        return out, (torch.zeros_like(out).masked_scatter(read, entropy) if compute_entropy else None), kl
 
     def _compute_loss(self, model, inputs):
-        logps, entropies = self._token_logps(model, inputs, compute_entropy=True)
+        step = self.state.global_step
+        magnet_coef = self.args.magnet_coef_at(step)
+        logps, entropies, magnet_kl = self._token_logps(model, inputs, compute_entropy=True,
+                                                        magnet_kl=bool(magnet_coef))
         mode = "train" if self.model.training else "eval"
         # Token counts span the generation batch on all ranks; rescale to one accumulation window and
         # undo DDP's gradient averaging, exactly as TRL does for its DAPO loss.
@@ -214,8 +247,8 @@ class MixedAlgorithmTrainer(GRPOTrainer):
         world = self.accelerator.num_processes
         loss, parts = loss_module.compute_loss(
             logps, entropies, inputs, lambda count: count.clamp(min=1.0) / world * window,
-            self.epsilon_low, self.epsilon_high, self.args.entropy_coef_at(self.state.global_step))
-        sums = loss_module.metric_sums(parts, entropies, inputs, self.step_tags, self.streams_of_tag)
+            self.epsilon_low, self.epsilon_high, self.args.entropy_coef_at(step), magnet_kl, magnet_coef)
+        sums = loss_module.metric_sums(parts, entropies, inputs, self.step_tags, self.streams_of_tag, magnet_kl)
         values = loss_module.reduce_metrics(sums, lambda t: self.accelerator.reduce(t, reduction="sum"),
                                             scale=self.args.steps_per_generation if mode == "train" else 1.0)
         for name, value in values.items():
@@ -274,13 +307,27 @@ class MixedAlgorithmTrainer(GRPOTrainer):
         if os.path.isdir(folder):
             save_run_state(folder, self.rollout, self.callback_handler.callbacks, self.accelerator.process_index,
                            self.accelerator.is_main_process)
+            if self.magnet is not None and self.accelerator.is_main_process:
+                torch.save(self.magnet.state_dict(), os.path.join(folder, MAGNET_FILE))
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint:
             load_run_state(checkpoint, self.rollout, self.callback_handler.callbacks, self.accelerator.process_index)
+            self._load_magnet(checkpoint)
             if self.rollout.sink is not None:
                 self.rollout.sink.resume(self.state.global_step)  # the steps about to be replayed are logged again
+
+    def _load_magnet(self, checkpoint: str) -> None:
+        path = os.path.join(checkpoint, MAGNET_FILE)
+        step = self.state.global_step
+        if self.args.magnet_coef and not self.args.magnet_is_uniform_at(step):
+            if not os.path.isfile(path):
+                raise FileNotFoundError(f"{checkpoint} has no {MAGNET_FILE}, but the magnet at step {step} is a copy of "
+                                        "an earlier policy (magnet_every): resume from a checkpoint written with the "
+                                        "magnet settings of this run")
+            self.magnet = frozen_copy(self.accelerator.unwrap_model(self.model))
+            self.magnet.load_state_dict(torch.load(path, map_location=self.accelerator.device, weights_only=True))
 
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs):
         """TRL's ``train()``, plus: the first Ctrl-C finishes the step in flight, saves a checkpoint and raises
@@ -312,6 +359,20 @@ class MixedAlgorithmTrainer(GRPOTrainer):
 
 
 __all__ = ["MixedAlgorithmConfig", "MixedAlgorithmTrainer", "TrainingInterrupted"]
+
+
+def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """An independent, frozen copy of ``model`` for reading only (the magnet).
+
+    TRL and accelerate replace a prepared model's ``forward`` on the instance with closures over the original
+    model (TRL's fused LM head, accelerate's fp32 output wrapper); a deep copy would keep calling the original's
+    forward, so the copy gets its class's own forward back.
+    """
+    duplicate = copy.deepcopy(model)
+    for module in duplicate.modules():
+        module.__dict__.pop("forward", None)
+        module.__dict__.pop("_original_forward", None)
+    return duplicate.eval().requires_grad_(False)
 
 
 def episode_sink(args, rank: int):

@@ -60,6 +60,18 @@ class MixedAlgorithmConfig(GRPOConfig):
     entropy_anneal_end: int | None = field(
         default=None, metadata={"help": "Step where the entropy bonus reaches entropy_coef_final (None: max_steps)."}
     )
+    magnet_coef: float = field(
+        default=0.0,
+        metadata={"help": "Weight β of a KL pull toward a magnet policy, β · Σ KL(π_θ ‖ ρ) over the rl tokens / N_rl "
+                          "(R-NaD-style regularisation; 0: off)."},
+    )
+    magnet_start: int = field(default=0, metadata={"help": "Step where the magnet term starts."})
+    magnet_every: int | None = field(
+        default=None,
+        metadata={"help": "Every this many steps from magnet_start + magnet_every on, the magnet becomes a frozen "
+                          "copy of the current policy; before that it is the uniform distribution over each token's "
+                          "choices (the term is then an entropy bonus). None: the magnet stays uniform."},
+    )
     skip_zero_advantage: bool = field(
         default=False,
         metadata={"help": "Leave zero-advantage samples out of the rl token count (default: count them, as TRL's "
@@ -126,6 +138,9 @@ class MixedAlgorithmConfig(GRPOConfig):
                     f"MixedAlgorithmConfig.{name}={value!r} is not supported: the rl stream is TRL's clipped policy "
                     f"gradient with DAPO normalisation per stream; leave {name} at {default!r}"
                 )
+        if self.magnet_coef < 0 or (self.magnet_every is not None and self.magnet_every < 1) or self.magnet_start < 0:
+            raise ValueError(f"magnet: magnet_coef={self.magnet_coef}, magnet_start={self.magnet_start}, magnet_every="
+                             f"{self.magnet_every}: the weight and the start must be >= 0, the period >= 1 (or None)")
         for name in ("groups_per_step", "max_failed_steps", "max_skipped_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be at least 1")
@@ -138,3 +153,17 @@ class MixedAlgorithmConfig(GRPOConfig):
         end = self.entropy_anneal_end if self.entropy_anneal_end is not None else self.max_steps
         frac = min(1.0, max(0.0, (step - start) / (end - start)))
         return self.entropy_coef + frac * (self.entropy_coef_final - self.entropy_coef)
+
+    def magnet_coef_at(self, step: int) -> float:
+        """The magnet term's weight at ``step``: ``magnet_coef`` from ``magnet_start`` on, else 0."""
+        return self.magnet_coef if step >= self.magnet_start else 0.0
+
+    def magnet_resets_at(self, step: int) -> bool:
+        """Whether the magnet becomes a copy of the current policy at the start of ``step``."""
+        if not self.magnet_coef or self.magnet_every is None or step < self.magnet_start + self.magnet_every:
+            return False
+        return (step - self.magnet_start) % self.magnet_every == 0
+
+    def magnet_is_uniform_at(self, step: int) -> bool:
+        """Whether the magnet at ``step`` is still the uniform distribution (no reset has happened yet)."""
+        return self.magnet_every is None or step < self.magnet_start + self.magnet_every

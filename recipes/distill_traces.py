@@ -3,13 +3,23 @@
     python recipes/user_sim.py --output-dir outputs/user_sim          # a run to distil (any run with traces)
     python recipes/distill_traces.py --traces outputs/user_sim/traces --steps 150 300   # ~4 minutes on 2 cores
 
-Takes the simulated-user run's assistant traces (``--env``, ``--role``, ``--steps``; a run's ``traces/`` or, for
-``episode_format = "jsonl"`` runs, ``episodes/``), keeps the successful ones
-(``--min-reward``), turns every assistant reply into a prompt–completion pair (the loss is on the reply only) and
-fine-tunes a fresh copy of the base model with ``trl.SFTTrainer``. For comparison it also fine-tunes, on as many
-examples, a copy on traces drawn without the reward filter. All three (base, SFT on any traces, SFT on the best)
-are evaluated by greedy success per persona on held-out scenarios against the scripted user. Writes
-``summary.json`` to ``--output-dir``.
+    python recipes/kuhn_poker.py --output-dir outputs/kuhn_poker     # or a Kuhn poker self-play run
+    python recipes/distill_traces.py --eval kuhn_poker --traces outputs/kuhn_poker/traces --env kuhn_selfplay \
+        --steps 400 500
+
+Takes a run's traces (``--env``, ``--role``, ``--steps``; a run's ``traces/`` or, for ``episode_format = "jsonl"``
+runs, ``episodes/``), keeps the best ones (``--min-reward``), turns every assistant reply into a prompt–completion
+pair (the loss is on the reply only) and fine-tunes a fresh copy of the base model with ``trl.SFTTrainer``. For
+comparison it also fine-tunes, on as many examples, a copy on traces drawn without the reward filter. All three
+(base, SFT on any traces, SFT on the best) are evaluated by ``--eval``:
+
+- ``user_sim`` (default): greedy success per persona on held-out scenarios against the scripted user; the
+  assistant's traces, best = success (reward ≥ 1).
+- ``kuhn_poker``: the exact exploitability of the distilled policy (read at all 12 information states as the
+  legal-action harness plays it) and its expected chips against the Nash policy; both seats' traces, best = hands
+  that won chips (reward ≥ 1).
+
+Writes ``summary.json`` to ``--output-dir``.
 """
 
 from __future__ import annotations
@@ -22,10 +32,6 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
-from multiagent_rl.agent import Agent, AgentConfig  # noqa: E402
-from multiagent_rl.backends import TransformersBackend  # noqa: E402
-from multiagent_rl.eval.user_sim import held_out_scenarios, success_by_persona  # noqa: E402
-from multiagent_rl.envs.user_sim import UserSimEnv  # noqa: E402
 from multiagent_rl.models import load_model_and_tokenizer  # noqa: E402
 from multiagent_rl.trace_dataset import filter_traces, load_traces, to_sft_prompt_completion  # noqa: E402
 
@@ -47,18 +53,50 @@ def fine_tune(rows, args, name: str):
     return model, tokenizer
 
 
-def evaluate(model, tokenizer, env: UserSimEnv, tasks) -> dict[str, float]:
-    greedy = Agent(AgentConfig(model="policy", sampling={"temperature": 0.0, "max_new_tokens": 24}),
-                   TransformersBackend(model.eval(), tokenizer))
-    return success_by_persona(greedy, env, tasks)
+def user_sim_evaluation(args):
+    """Greedy success per persona on held-out scenarios (higher is better)."""
+    from multiagent_rl.agent import Agent, AgentConfig
+    from multiagent_rl.backends import TransformersBackend
+    from multiagent_rl.envs.user_sim import UserSimEnv
+    from multiagent_rl.eval.user_sim import held_out_scenarios, success_by_persona
+
+    env = UserSimEnv(menu=True, split="held_out")
+    tasks = held_out_scenarios(env, args.per_persona)
+
+    def evaluate(model, tokenizer) -> dict[str, float]:
+        random.seed(args.seed)
+        greedy = Agent(AgentConfig(model="policy", sampling={"temperature": 0.0, "max_new_tokens": 24}),
+                       TransformersBackend(model.eval(), tokenizer))
+        return success_by_persona(greedy, env, tasks)
+
+    return evaluate
+
+
+def kuhn_poker_evaluation(args):
+    """Exact exploitability (lower is better) and expected chips against Nash of the policy the harness plays."""
+    from multiagent_rl.eval.kuhn import evaluation_report
+    from multiagent_rl.eval.kuhn_policy import read_policy
+
+    def evaluate(model, tokenizer) -> dict[str, float]:
+        report = evaluation_report(read_policy(model.eval(), tokenizer, legal_choices=True))
+        return {k: report[k] for k in ("exploitability", "chips_vs_nash_p0", "chips_vs_nash_p1")}
+
+    return evaluate
+
+
+EVALUATIONS = {"user_sim": (user_sim_evaluation, "assistant"), "kuhn_poker": (kuhn_poker_evaluation, None)}
+"""``--eval`` choices: how a distilled model is scored, and the role whose traces are distilled by default
+(None: every role)."""
 
 
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--traces", required=True, help="a run's traces/ (or episodes/) folder; several runs: repeat")
     p.add_argument("--more-traces", nargs="*", default=[])
-    p.add_argument("--env", help="the env's label in the run (recipes/user_sim.py: 'dialogue'); default: all")
-    p.add_argument("--role", default="assistant")
+    p.add_argument("--eval", choices=sorted(EVALUATIONS), default="user_sim", help="how models are scored")
+    p.add_argument("--env", help="the env's label in the run (recipes/user_sim.py: 'dialogue', recipes/kuhn_poker.py: "
+                                 "'kuhn_selfplay'); default: all")
+    p.add_argument("--role", help="whose traces (default: the assistant for user_sim, both seats for kuhn_poker)")
     p.add_argument("--min-reward", type=float, default=1.0)
     p.add_argument("--steps", type=int, nargs=2, metavar=("FIRST", "LAST"), help="inclusive step range")
     p.add_argument("--model", default="tiny")
@@ -71,25 +109,25 @@ def main(argv=None) -> dict:
     p.add_argument("--output-dir", default="outputs/distill_traces")
     args = p.parse_args(argv)
 
+    make_evaluation, default_role = EVALUATIONS[args.eval]
+    role = args.role or default_role
     traces = load_traces([args.traces, *args.more_traces])
-    pool = filter_traces(traces, env=args.env, role=args.role, steps=tuple(args.steps) if args.steps else None)
+    pool = filter_traces(traces, env=args.env, role=role, steps=tuple(args.steps) if args.steps else None)
     best = filter_traces(pool, min_reward=args.min_reward)
     if len(best) == 0:
-        raise SystemExit(f"no {args.env or 'any env'}/{args.role} trace reaches reward {args.min_reward}: nothing to "
+        raise SystemExit(f"no {args.env or 'any env'}/{role or 'any role'} trace reaches reward {args.min_reward}: nothing to "
                          "distil")
     best_rows = to_sft_prompt_completion(best)
     n = min(len(best_rows), args.max_examples)
     best_rows = best_rows.shuffle(seed=args.seed).select(range(n))
     any_rows = to_sft_prompt_completion(pool).shuffle(seed=args.seed).select(range(n))
 
-    env = UserSimEnv(menu=True, split="held_out")
-    tasks = held_out_scenarios(env, args.per_persona)
-    random.seed(args.seed)
-    results = {"base": evaluate(*load_model_and_tokenizer(args.model), env, tasks)}
+    evaluate = make_evaluation(args)
+    results = {"base": evaluate(*load_model_and_tokenizer(args.model))}
     for name, rows in (("sft_any", any_rows), ("sft_best", best_rows)):
-        results[name] = evaluate(*fine_tune(rows, args, name), env, tasks)
-    summary = {"traces": len(pool), "best_traces": len(best), "examples_per_condition": n,
-               "min_reward": args.min_reward, "held_out_success": results}
+        results[name] = evaluate(*fine_tune(rows, args, name))
+    summary = {"eval": args.eval, "traces": len(pool), "best_traces": len(best), "examples_per_condition": n,
+               "min_reward": args.min_reward, "results": results}
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))

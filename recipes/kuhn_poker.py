@@ -74,6 +74,8 @@ def experiment(args) -> ExperimentConfig:
             "entropy_coef": args.entropy_coef,
             **({"entropy_coef_final": args.entropy_final, "entropy_anneal_start": args.warmup_steps}
                if args.entropy_final is not None else {}),
+            **({"magnet_coef": args.magnet_coef, "magnet_start": args.warmup_steps, "magnet_every": args.magnet_every}
+               if args.magnet_coef else {}),
             "lr_scheduler_type": "constant",
             "groups_per_step": args.groups_per_step,
             "seed": args.seed,
@@ -135,6 +137,12 @@ def parse(argv=None) -> tuple[argparse.Namespace, set[str]]:
     p.add_argument("--entropy-final", type=float,
                    help="anneal the entropy bonus linearly to this value, from the end of the warm-up to the last "
                         "step (the trainer's entropy_coef_final; default: a constant bonus)")
+    p.add_argument("--magnet-coef", type=float,
+                   help="R-NaD-style regularisation instead of the entropy bonus: weight of the KL pull toward a magnet "
+                        "that is uniform for --magnet-every steps after the warm-up, then a frozen copy of the policy "
+                        "renewed every --magnet-every steps (the trainer's magnet_coef; the entropy bonus defaults "
+                        "to 0 with it)")
+    p.add_argument("--magnet-every", type=int, default=150, help="steps between magnet renewals (default 150)")
     p.add_argument("--free-text", action="store_true", default=None,
                    help="free-text replies (invalid ones re-prompted, then forfeited) instead of the legal-action harness")
     p.add_argument("--eval-every", type=int, default=10, help="steps between exact evaluations (and log lines)")
@@ -153,7 +161,7 @@ def parse(argv=None) -> tuple[argparse.Namespace, set[str]]:
             setattr(args, key, value)
     args.free_text = bool(args.free_text)
     if args.entropy_coef is None:
-        args.entropy_coef = 0.0 if args.free_text else 0.3
+        args.entropy_coef = 0.0 if args.free_text or args.magnet_coef else 0.3
     return args, given
 
 

@@ -193,7 +193,7 @@ def test_loss_scores_constrained_tokens_as_they_were_sampled(tmp_path, tiny, bac
 
     model = trainer.model
     with torch.no_grad():
-        logps, entropies = trainer._token_logps(model, batch, compute_entropy=True)
+        logps, entropies, _ = trainer._token_logps(model, batch, compute_entropy=True)
     decision = (batch["allowed_ids"] >= 0).sum(-1) > 1
     torch.testing.assert_close(logps[decision], batch["sampling_logps"][decision], atol=1e-4, rtol=0)
     p = logps[decision].exp()

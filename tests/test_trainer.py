@@ -697,3 +697,100 @@ def test_an_annealed_entropy_bonus_is_linear_between_its_steps(tmp_path, tiny, m
     with pytest.raises(ValueError, match="end must come after the start"):
         mixed_args(tmp_path / "run", entropy_coef=0.3, entropy_coef_final=0.0, entropy_anneal_start=5,
                    entropy_anneal_end=5)
+
+
+# -- the magnet (R-NaD-style regularisation) ---------------------------------------------------
+
+
+def rl_kl_by_hand(model, batch, magnet=None) -> float:
+    """Σ KL(π ‖ ρ) over the rl tokens / N_rl from two plain forward passes: ρ the magnet's softmax, or uniform over
+    the vocabulary (then KL = log V − H(π)). The oracle of the magnet term."""
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
+    mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
+    T = batch["completion_ids"].size(1)
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=ids, attention_mask=mask).logits[:, -T - 1:-1].float(), -1)
+        if magnet is None:
+            logq = torch.full_like(logp, -math.log(logp.size(-1)))
+        else:
+            logq = torch.log_softmax(magnet(input_ids=ids, attention_mask=mask).logits[:, -T - 1:-1].float(), -1)
+        kl = (logp.exp() * (logp - logq)).sum(-1)
+    return ((kl * batch["rl_mask"]).sum() / batch["num_rl_tokens"]).item()
+
+
+def test_the_magnet_is_uniform_then_a_frozen_copy_of_the_policy(tmp_path, tiny, make_trace, make_episode,
+                                                                fixed_trainer, loss_and_grads, grad_checks):
+    """magnet_coef β from magnet_start a, reset every k: loss = loss(β=0) + β · Σ KL(π_θ ‖ ρ) / N_rl, with ρ uniform
+    for steps [a, a + k) and from step a + k on the policy as it was at the last multiple of k after a."""
+    _, max_grad_diff = grad_checks
+    experiment = {"algo": {"type": "grpo"}, "env": [{"id": "single", "instance": single_env(), "group_size": 4}]}
+    episodes = _grpo_episodes(make_trace, make_episode)
+    plain = fixed_trainer(tmp_path / "a", tiny, experiment, episodes)
+    pulled = fixed_trainer(tmp_path / "b", tiny, experiment, episodes, magnet_coef=0.4, magnet_start=2,
+                           magnet_every=3, max_steps=10)
+    batch = plain._generate_and_score_completions(None)
+    loss0, _ = loss_and_grads(plain, batch)
+    uniform = rl_kl_by_hand(pulled.model, batch)
+    for step, expected in ((0, 0.0), (1, 0.0), (2, 0.4 * uniform), (4, 0.4 * uniform)):
+        pulled.state.global_step = step
+        pulled._generate_and_score_completions(None)
+        loss, _ = loss_and_grads(pulled, batch)
+        assert abs((loss - loss0).item() - expected) < 1e-5, step
+    assert pulled.magnet is None
+    pulled.state.global_step = 5  # a + k: the magnet becomes the policy as it is now, so the pull starts at zero
+    pulled._generate_and_score_completions(None)
+    loss, grads = loss_and_grads(pulled, batch)
+    _, grads0 = loss_and_grads(plain, batch)
+    assert abs((loss - loss0).item()) < 1e-6 and max_grad_diff(grads, grads0) < 1e-6
+    with torch.no_grad():  # the policy moves on; the magnet stays where it was
+        for p in pulled.model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+        plain.model.load_state_dict(pulled.model.state_dict())
+    for step in (6, 7):
+        pulled.state.global_step = plain.state.global_step = step
+        loss0, _ = loss_and_grads(plain, batch)
+        loss, _ = loss_and_grads(pulled, batch)
+        expected = 0.4 * rl_kl_by_hand(pulled.model, batch, pulled.magnet)
+        assert expected > 1e-3 and abs((loss - loss0).item() - expected) < 1e-5, step
+    pulled.create_optimizer_and_scheduler(num_training_steps=10)
+    pulled._save_checkpoint(pulled.model, trial=None)  # the magnet travels in checkpoints
+    folder = tmp_path / "b" / "checkpoint-7"
+    resumed = fixed_trainer(tmp_path / "c", tiny, experiment, episodes, magnet_coef=0.4, magnet_start=2,
+                            magnet_every=3, max_steps=10)
+    resumed.state.global_step = 7
+    resumed._load_magnet(str(folder))
+    assert all(torch.equal(a, b) for a, b in zip(resumed.magnet.state_dict().values(),
+                                                 pulled.magnet.state_dict().values()))
+    (folder / "magnet.pt").unlink()
+    with pytest.raises(FileNotFoundError, match="magnet"):
+        resumed._load_magnet(str(folder))
+
+
+def test_the_magnet_kl_reads_the_distribution_each_token_was_sampled_from():
+    """kl_to_magnet against a by-hand sum: constrained rows over their allowed ids only, at each row's temperature,
+    uniform over the support without a magnet; gradients stay finite around the masked ids."""
+    from multiagent_rl.loss import kl_to_magnet
+
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, 11, generator=gen, requires_grad=True)
+    magnet = torch.randn(4, 11, generator=gen)
+    allowed = torch.tensor([[3, 7, -1], [-1, -1, -1], [0, 5, 9], [2, -1, -1]])
+    temps = torch.tensor([1.0, 0.7, 1.5, 1.0])
+    got = kl_to_magnet(logits, magnet, temps, allowed)
+    got_uniform = kl_to_magnet(logits, None, temps, allowed)
+    for i in range(4):
+        ids = [j for j in allowed[i].tolist() if j >= 0] or list(range(11))
+        p = torch.softmax(logits[i, ids].detach() / temps[i], -1)
+        q = torch.softmax(magnet[i, ids] / temps[i], -1)
+        assert abs(got[i].item() - (p * (p.log() - q.log())).sum().item()) < 1e-6, i
+        assert abs(got_uniform[i].item() - (p * (p.log() + math.log(len(ids)))).sum().item()) < 1e-6, i
+    assert got[3].item() == 0.0  # a forced token: nothing to choose, nothing to pull
+    (got.sum() + got_uniform.sum()).backward()
+    assert torch.isfinite(logits.grad).all() and logits.grad[0, [3, 7]].abs().sum() > 0
+    assert logits.grad[0, [0, 1, 2, 4]].abs().sum() == 0  # outside a constrained row's support: no gradient
+
+
+def test_magnet_settings_are_checked(tmp_path, mixed_args):
+    for bad in ({"magnet_coef": -0.1}, {"magnet_coef": 0.5, "magnet_every": 0}, {"magnet_start": -1}):
+        with pytest.raises(ValueError, match="magnet"):
+            mixed_args(tmp_path / "run", **bad)

@@ -136,7 +136,7 @@ def test_an_opd_teacher_served_by_vllm_scores_like_a_local_one(server, tiny_path
     batch = trainer._generate_and_score_completions(None)
     w = batch["ref_kl_weights"].bool()
     with torch.no_grad():
-        live, _ = trainer._token_logps(trainer.model, batch)
+        live, _, _ = trainer._token_logps(trainer.model, batch)
     assert w.any() and (batch["ref_logps"][w] - live[w]).abs().max().item() < TOL  # teacher == student here
 
 
