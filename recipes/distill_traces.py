@@ -47,7 +47,7 @@ def fine_tune(rows, args, name: str):
         output_dir=str(Path(args.output_dir) / name), num_train_epochs=args.epochs, learning_rate=args.lr,
         per_device_train_batch_size=args.batch_size, lr_scheduler_type="constant", logging_steps=20,
         save_strategy="no", report_to=[], seed=args.seed, max_length=None,
-        use_cpu=cpu, bf16=not cpu, gradient_checkpointing=False,  # TRL's defaults are GPU ones
+        use_cpu=cpu, bf16=not cpu, activation_checkpointing=False,  # TRL's defaults are GPU ones
     )
     SFTTrainer(model=model, args=config, train_dataset=rows, processing_class=tokenizer).train()
     return model, tokenizer
