@@ -8,16 +8,14 @@ does so every few training steps and scores the current and the average policy w
 
 from __future__ import annotations
 
-import time
 from typing import Any, Iterable, Mapping
 
 import torch
-from transformers import TrainerCallback
-
 from ..chat_template import ChatTemplate
 from ..envs.kuhn_poker import KuhnPokerEnv, decision_prompt, parse_action
 from ..games.kuhn import INFO_STATES, UNIFORM_EXPLOITABILITY, AveragePolicy, InfoState, PolicyTable, invalid_mass
 from ..scoring import eval_mode, model_device
+from .callback import GameEvaluation
 from .kuhn import exploitability_of
 from .tables import choice_probabilities
 
@@ -139,66 +137,38 @@ def read_policy(model, tokenizer, reply_tokens: int = 1, legal_choices: bool = F
 # -- evaluation during training ---------------------------------------------------------------
 
 
-class KuhnEvaluation(TrainerCallback):
-    """Exact evaluation at fixed steps: current and average policy exploitability, invalid replies.
+class KuhnEvaluation(GameEvaluation):
+    """Exact evaluation at fixed steps ([`GameEvaluation`][multiagent_rl.eval.callback.GameEvaluation]): current and
+    average policy exploitability at Kuhn poker's 12 information states, and invalid replies.
 
-    Every ``every`` steps (and at the last) the policy is read at all 12 information states; from
-    ``start_step`` on each reading joins the reach-weighted average policy (linear weights, as in
-    CFR+). The numbers go into the trainer's log as ``eval/kuhn/...`` (printed on the console line)
-    and into `points`. Invalid replies are counted over the policy's seats in every Kuhn poker
-    environment of the run, whatever its label. With ``legal_choices=True`` (the env's legal-action
-    harness) the policy is read as the harness plays it (``read_policy(..., legal_choices=True)``),
-    and that is what is averaged; ``invalid_mass`` then still reports the mass the unconstrained
-    model puts on other tokens, as a diagnostic only. Its state (the average, the curve) travels in
-    checkpoints, so a resumed run continues the same curve.
+    Invalid replies are counted over the policy's seats in every Kuhn poker environment of the run, whatever its
+    label. With ``legal_choices=True`` (the env's legal-action harness) the policy is read as the harness plays it
+    (``read_policy(..., legal_choices=True)``), and that is what is averaged; ``invalid_mass`` then still reports
+    the mass the unconstrained model puts on other tokens, as a diagnostic only.
     """
 
+    name = "kuhn"
+    logged = ("exploitability", "avg_exploitability", "invalid_reply_rate")
+
     def __init__(self, every: int, start_step: int = 0, reply_tokens: int = 1, legal_choices: bool = False):
-        self.every, self.start_step, self.reply_tokens = every, start_step, reply_tokens
-        self.legal_choices = legal_choices
-        self.average = AveragePolicy()
-        self.points: list[dict] = []
-        self.trainer = None  # set after the trainer is built: evaluation.trainer = trainer
-        self.started = time.time()
+        super().__init__(every, start_step)
+        self.reply_tokens, self.legal_choices = reply_tokens, legal_choices
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"average": self.average.state_dict(), "points": self.points,
-                "seconds": time.time() - self.started}
+    def new_average(self) -> AveragePolicy:
+        return AveragePolicy()
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.average.load_state_dict(state["average"])
-        self.points = list(state["points"])
-        self.started = time.time() - float(state["seconds"])
+    def read(self, model, tokenizer) -> PolicyTable:
+        return read_policy(model, tokenizer, self.reply_tokens, legal_choices=self.legal_choices)
 
-    def _policy_traces(self, trainer) -> list:
+    def exploitability(self, table) -> float:
+        return exploitability_of(table)
+
+    def extra(self, trainer, model, table) -> dict[str, Any]:
+        raw = read_policy(model, trainer.tokenizer, self.reply_tokens) if self.legal_choices else table
         rollout = trainer.rollout
         labels = {slot.label for slot in rollout.slots if isinstance(slot.env, KuhnPokerEnv)}
-        return [t for ep in rollout.last_episodes if ep.env in labels for t in ep.traces if t.model == "policy"]
-
-    def on_step_end(self, args, state, control, **kwargs):
-        step = state.global_step
-        if step % self.every and step != state.max_steps:
-            return
-        trainer = self.trainer
-        model = trainer.accelerator.unwrap_model(trainer.model)
-        table = read_policy(model, trainer.tokenizer, self.reply_tokens, legal_choices=self.legal_choices)
-        raw = read_policy(model, trainer.tokenizer, self.reply_tokens) if self.legal_choices else table
-        if step >= self.start_step:
-            # Linear averaging (as in CFR+): later, better policies weigh more than early ones.
-            self.average.add(table, weight=len(self.average) + 1)
-        rollouts = self._policy_traces(trainer)
-        decisions = sum(len(t.messages) // 2 for t in rollouts)
-        point = {
-            "step": step,
-            "episodes": trainer.rollout.episodes_played,
-            "seconds": round(time.time() - self.started, 1),
-            "exploitability": exploitability_of(table),
-            "avg_exploitability": exploitability_of(self.average.table()) if len(self.average) else None,
-            "invalid_mass": invalid_mass(raw),
-            "invalid_reply_rate": sum(t.metrics.get("invalid_replies", 0) for t in rollouts) / max(1, decisions),
-            "decisions": decisions,
-        }
-        self.points.append(point)
-        for key in ("exploitability", "avg_exploitability", "invalid_reply_rate"):
-            if point[key] is not None:
-                trainer.record_metric(f"eval/kuhn/{key}", point[key])
+        traces = [t for ep in rollout.last_episodes if ep.env in labels for t in ep.traces if t.model == "policy"]
+        decisions = sum(len(t.messages) // 2 for t in traces)
+        return {"invalid_mass": invalid_mass(raw),
+                "invalid_reply_rate": sum(t.metrics.get("invalid_replies", 0) for t in traces) / max(1, decisions),
+                "decisions": decisions}

@@ -8,17 +8,16 @@ Exploitability is OpenSpiel's (NashConv / 2): 0 at a Nash equilibrium, ~2.37 for
 from __future__ import annotations
 
 import functools
-import time
-from typing import Any, Mapping
+from typing import Mapping
 
 import pyspiel
 from open_spiel.python.algorithms import exploitability
-from transformers import TrainerCallback
 
 from ..chat_template import ChatTemplate
 from ..envs.leduc_poker import decision_prompt
 from ..games import leduc
 from ..games.leduc import AveragePolicy
+from .callback import GameEvaluation
 from .tables import choice_probabilities, tabular_policy
 
 Table = dict[leduc.InfoState, dict[str, float]]
@@ -79,38 +78,18 @@ def read_policy(model, tokenizer, batch_size: int = 256) -> Table:
     return choice_probabilities(model, template, items, batch_size)
 
 
-class LeducEvaluation(TrainerCallback):
-    """Every ``every`` steps (and at the last): the policy read at all information states, the exploitability of
-    it and of the reach-weighted average of the readings from ``start_step`` on (linear weights), as
-    ``eval/leduc/...`` metrics and `points`. Its state travels in checkpoints."""
+class LeducEvaluation(GameEvaluation):
+    """Every ``every`` steps (and at the last): the exploitability of the policy read at all 288 information states
+    and of the reach-weighted average of the readings from ``start_step`` on, as ``eval/leduc/...`` metrics and
+    `points` ([`GameEvaluation`][multiagent_rl.eval.callback.GameEvaluation])."""
 
-    def __init__(self, every: int, start_step: int = 0):
-        self.every, self.start_step = every, start_step
-        self.average = AveragePolicy()
-        self.points: list[dict] = []
-        self.trainer = None
-        self.started = time.time()
+    name = "leduc"
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"average": self.average.state_dict(), "points": self.points, "seconds": time.time() - self.started}
+    def new_average(self) -> AveragePolicy:
+        return AveragePolicy()
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.average.load_state_dict(state["average"])
-        self.points = list(state["points"])
-        self.started = time.time() - float(state["seconds"])
+    def read(self, model, tokenizer) -> Table:
+        return read_policy(model, tokenizer)
 
-    def on_step_end(self, args, state, control, **kwargs):
-        step = state.global_step
-        if step % self.every and step != state.max_steps:
-            return
-        trainer = self.trainer
-        table = read_policy(trainer.accelerator.unwrap_model(trainer.model), trainer.tokenizer)
-        if step >= self.start_step:
-            self.average.add(table, weight=len(self.average) + 1)
-        point = {"step": step, "episodes": trainer.rollout.episodes_played,
-                 "seconds": round(time.time() - self.started, 1), "exploitability": exploitability_of(table),
-                 "avg_exploitability": exploitability_of(self.average.table()) if len(self.average) else None}
-        self.points.append(point)
-        for key in ("exploitability", "avg_exploitability"):
-            if point[key] is not None:
-                trainer.record_metric(f"eval/leduc/{key}", point[key])
+    def exploitability(self, table) -> float:
+        return exploitability_of(table)
