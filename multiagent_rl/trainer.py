@@ -321,7 +321,8 @@ class MixedAlgorithmTrainer(GRPOTrainer):
     def _load_magnet(self, checkpoint: str) -> None:
         path = os.path.join(checkpoint, MAGNET_FILE)
         step = self.state.global_step
-        if self.args.magnet_coef and not self.args.magnet_is_uniform_at(step):
+        # The magnet saved with the checkpoint is the one the last completed step (step - 1) pulled toward.
+        if self.args.magnet_coef and not self.args.magnet_is_uniform_at(step - 1):
             if not os.path.isfile(path):
                 raise FileNotFoundError(f"{checkpoint} has no {MAGNET_FILE}, but the magnet at step {step} is a copy of "
                                         "an earlier policy (magnet_every): resume from a checkpoint written with the "

@@ -1,6 +1,6 @@
 """Kuhn poker self-play, measured exactly.
 
-    python recipes/kuhn_poker.py                       # tiny model, CPU, rae, ~10 minutes on 2 cores
+    python recipes/kuhn_poker.py                       # tiny model, CPU, rae, ~11 minutes on 2 cores
     python recipes/kuhn_poker.py --resume              # continue from the latest checkpoint in --output-dir
     accelerate launch recipes/kuhn_poker.py --model Qwen/Qwen2.5-0.5B-Instruct
 
@@ -9,8 +9,12 @@ to the two legal words and trained with the softmax over just those (``--free-te
 model reply anything, re-prompting and then forfeiting invalid replies). Phase 1
 (``--warmup-steps``) imitates, with ``sft``, a scripted player whose mixed strategy is random at
 every information state: no game knowledge, but the policy learns to look at its card. Phase 2
-is self-play RL (``--algo``, default ``rae``) with an entropy bonus (``--entropy-coef``) over the
-two legal words, which keeps the policy from collapsing into pure strategies. Every
+is self-play RL (``--algo``, default ``rae``) regularised toward a magnet that moves (R-NaD-style,
+``--magnet-coef``, ``--magnet-every``): for the first period a pull toward the uniform policy over
+the two legal words (an entropy bonus, which keeps the policy from collapsing into pure strategies),
+then toward a frozen copy of the policy renewed every period, so the regularisation has no fixed
+floor. ``--magnet-coef 0`` uses a constant entropy bonus instead (``--entropy-coef``, the setting of
+the earlier results: ``--magnet-coef 0 --steps 500 --groups-per-step 32``). Every
 ``--eval-every`` steps the policy's action probabilities are read at all 12 information states
 and OpenSpiel computes the exploitability of the current policy and of the reach-weighted average
 of the policies seen so far (self-play policy gradient cycles; the average converges).
@@ -42,13 +46,15 @@ from multiagent_rl.trainer import MixedAlgorithmTrainer, TrainingInterrupted  # 
 
 WARMUP_POLICY = "multiagent_rl.envs.kuhn_poker:random_mixed_policy"
 
-DEFAULTS = dict(model="tiny", backend="transformers", vllm_mode="colocate", vllm_url=None, algo="rae", steps=500,
-                warmup_steps=100, group_size=8, groups_per_step=32, lr=3e-4, warmup_lr=3e-3, entropy_coef=None,
+DEFAULTS = dict(model="tiny", backend="transformers", vllm_mode="colocate", vllm_url=None, algo="rae", steps=1600,
+                warmup_steps=100, group_size=8, groups_per_step=16, lr=3e-4, warmup_lr=3e-3, entropy_coef=None,
+                entropy_final=None, magnet_coef=None, magnet_every=200,
                 output_dir="outputs/kuhn_poker", seed=0, report_to=[])
 # Flags that rewrite a --config file's settings, and where they go.
 OVERRIDES = {"steps": "max_steps", "lr": "learning_rate", "seed": "seed", "report_to": "report_to",
              "groups_per_step": "groups_per_step", "entropy_coef": "entropy_coef", "output_dir": "output_dir"}
-NOT_WITH_CONFIG = ("warmup_steps", "warmup_lr", "free_text", "backend", "vllm_mode", "vllm_url")
+NOT_WITH_CONFIG = ("warmup_steps", "warmup_lr", "free_text", "backend", "vllm_mode", "vllm_url", "entropy_final",
+                   "magnet_coef", "magnet_every")
 
 
 def experiment(args) -> ExperimentConfig:
@@ -123,26 +129,26 @@ def parse(argv=None) -> tuple[argparse.Namespace, set[str]]:
     p.add_argument("--vllm-mode", choices=("colocate", "server"), help="with --backend vllm (default colocate)")
     p.add_argument("--vllm-url", help="with --vllm-mode server: the server's API root, e.g. http://127.0.0.1:8000/v1")
     p.add_argument("--algo", help="rae (default) | grpo | grpo_std (grpo with std scaling) | max_rl | ...")
-    p.add_argument("--steps", type=int, help="training steps, warm-up included (default 500)")
+    p.add_argument("--steps", type=int, help="training steps, warm-up included (default 1600)")
     p.add_argument("--warmup-steps", type=int, help="sft steps imitating a random mixed strategy (default 100)")
     p.add_argument("--group-size", type=int, help="episodes per deal (default 8)")
-    p.add_argument("--groups-per-step", type=int, help="deals per step per process (default 32)")
+    p.add_argument("--groups-per-step", type=int, help="deals per step per process (default 16)")
     p.add_argument("--lr", type=float, help="Adam learning rate of the RL phase (default 3e-4)")
     p.add_argument("--warmup-lr", type=float, help="learning rate of the sft warm-up (default 3e-3)")
     p.add_argument("--entropy-coef", type=float,
-                   help="entropy bonus on the RL tokens (TRL's entropy_coef). Default 0.3 with the legal-action "
-                        "harness, where it is the entropy over the two legal words and keeps self-play from "
-                        "collapsing to pure strategies; 0 with --free-text, where it would spread mass over the "
-                        "whole vocabulary")
+                   help="entropy bonus on the RL tokens (TRL's entropy_coef). Default 0 (the magnet's first period "
+                        "plays its part); 0.3 with --magnet-coef 0 and the legal-action harness, where it is the entropy "
+                        "over the two legal words and keeps self-play from collapsing to pure strategies; 0 with "
+                        "--free-text, where it would spread mass over the whole vocabulary")
     p.add_argument("--entropy-final", type=float,
                    help="anneal the entropy bonus linearly to this value, from the end of the warm-up to the last "
                         "step (the trainer's entropy_coef_final; default: a constant bonus)")
     p.add_argument("--magnet-coef", type=float,
-                   help="R-NaD-style regularisation instead of the entropy bonus: weight of the KL pull toward a magnet "
-                        "that is uniform for --magnet-every steps after the warm-up, then a frozen copy of the policy "
-                        "renewed every --magnet-every steps (the trainer's magnet_coef; the entropy bonus defaults "
-                        "to 0 with it)")
-    p.add_argument("--magnet-every", type=int, default=150, help="steps between magnet renewals (default 150)")
+                   help="R-NaD-style regularisation: weight of the KL pull toward a magnet that is uniform for "
+                        "--magnet-every steps after the warm-up, then a frozen copy of the policy renewed every "
+                        "--magnet-every steps (the trainer's magnet_coef). Default 0.3 with the legal-action harness; "
+                        "0 (off) with --free-text, where a uniform magnet would spread mass over the whole vocabulary")
+    p.add_argument("--magnet-every", type=int, help="steps between magnet renewals (default 200)")
     p.add_argument("--free-text", action="store_true", default=None,
                    help="free-text replies (invalid ones re-prompted, then forfeited) instead of the legal-action harness")
     p.add_argument("--eval-every", type=int, default=10, help="steps between exact evaluations (and log lines)")
@@ -160,6 +166,8 @@ def parse(argv=None) -> tuple[argparse.Namespace, set[str]]:
         if getattr(args, key) is None:
             setattr(args, key, value)
     args.free_text = bool(args.free_text)
+    if args.magnet_coef is None:
+        args.magnet_coef = 0.0 if args.free_text else 0.3
     if args.entropy_coef is None:
         args.entropy_coef = 0.0 if args.free_text or args.magnet_coef else 0.3
     return args, given
