@@ -12,8 +12,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "recipes"))
 def test_default_recipe_beats_uniform_play(tmp_path):
     import kuhn_poker
 
-    # The default recipe (500 steps: 100 sft warm-up + 400 rae with the entropy bonus, legal-action
-    # harness), about 11 minutes on 2 cores (676 s measured, sharing them with a second run). Measured over seeds 0-2: docs/kuhn_poker_results.md.
+    # The default recipe (1,600 steps: 100 sft warm-up + 1,500 rae steps of 16 deals regularised toward a magnet that
+    # moves, legal-action harness), about 11 minutes alone on 2 cores (645 s measured for seed 0 with
+    # --eval-every 50). Measured over seeds 0-2: docs/kuhn_poker_results.md.
     summary = kuhn_poker.main(["--eval-every", "20", "--output-dir", str(tmp_path), "--episode-format", "jsonl"])
     uniform = 11 / 24
     assert summary["legal_choices"]
@@ -22,6 +23,6 @@ def test_default_recipe_beats_uniform_play(tmp_path):
 
     last = [ep for step, ep in read_episodes(tmp_path / "episodes" / "rank0.jsonl") if step == summary["steps"] - 1]
     allowed = [a for ep in last for t in ep.traces for s in t.segments if s.kind == "action" for a in s.allowed or [None]]
-    assert len(allowed) > 256 and all(a is not None for a in allowed)
+    assert len(allowed) >= 2 * 16 * 8 and all(a is not None for a in allowed)  # two decisions at least per deal
     assert summary["final_avg_exploitability"] < uniform - 0.2
     assert (tmp_path / "summary.json").exists() and (tmp_path / "exploitability.png").exists()
