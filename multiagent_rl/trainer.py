@@ -116,6 +116,7 @@ class MixedAlgorithmTrainer(GRPOTrainer):
         self._synced_step: int | None = None
         self.magnet: torch.nn.Module | None = None
         """The frozen policy copy the magnet term pulls toward (``magnet_every``); None while it is uniform."""
+        self._magnet_step: int | None = None
 
     @classmethod
     def from_toml(cls, path, **kwargs) -> MixedAlgorithmTrainer:
@@ -139,7 +140,7 @@ class MixedAlgorithmTrainer(GRPOTrainer):
     def _update_magnet(self, step: int) -> None:
         """At each ``magnet_every`` boundary the magnet becomes a frozen copy of the current policy (R-NaD's
         regularisation policy); every process copies its own replica, which DDP keeps identical."""
-        if self.args.magnet_resets_at(step) and getattr(self, "_magnet_step", None) != step:
+        if self.args.magnet_resets_at(step) and self._magnet_step != step:
             policy = self.accelerator.unwrap_model(self.model)
             if self.magnet is None:
                 self.magnet = frozen_copy(policy)
