@@ -117,6 +117,10 @@ class MixedAlgorithmTrainer(GRPOTrainer):
         self.magnet: torch.nn.Module | None = None
         """The frozen policy copy the magnet term pulls toward (``magnet_every``); None while it is uniform."""
         self._magnet_step: int | None = None
+        plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
+        if args.magnet_coef and plugin is not None and plugin.zero_stage == 3:
+            raise ValueError("magnet_coef needs a full copy of the policy, which DeepSpeed ZeRO-3 shards away; use "
+                             "ZeRO-2, FSDP off, or magnet_coef = 0")
 
     @classmethod
     def from_toml(cls, path, **kwargs) -> MixedAlgorithmTrainer:
