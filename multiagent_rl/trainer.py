@@ -224,10 +224,10 @@ class MixedAlgorithmTrainer(GRPOTrainer):
         with self.accelerator.autocast():
             logits = model(input_ids=ids, attention_mask=mask, logits_to_keep=T + 1).logits
         read = loss_module.read_positions(batch)
+        read_logits = logits[:, :-1][read]
         allowed_read = None if allowed is None else allowed[read]
         logps, entropy = loss_module.token_logprobs_from_logits(
-            logits[:, :-1][read], batch["completion_ids"][read], temperatures[read], allowed_read,
-            with_entropy=compute_entropy)
+            read_logits, batch["completion_ids"][read], temperatures[read], allowed_read, with_entropy=compute_entropy)
         out = torch.zeros(read.shape, dtype=logps.dtype, device=logps.device).masked_scatter(read, logps)
         kl = None
         if magnet_kl:
@@ -236,7 +236,7 @@ class MixedAlgorithmTrainer(GRPOTrainer):
                 with torch.no_grad(), self.accelerator.autocast():
                     magnet_logits = self.magnet(input_ids=ids, attention_mask=mask, logits_to_keep=T + 1).logits
                 magnet_logits = magnet_logits[:, :-1][read]
-            per_row = loss_module.kl_to_magnet(logits[:, :-1][read], magnet_logits, temperatures[read], allowed_read)
+            per_row = loss_module.kl_to_magnet(read_logits, magnet_logits, temperatures[read], allowed_read)
             kl = torch.zeros_like(out).masked_scatter(read, per_row)
         return out, (torch.zeros_like(out).masked_scatter(read, entropy) if compute_entropy else None), kl
 

@@ -160,7 +160,7 @@ class MixedAlgorithmConfig(GRPOConfig):
 
     def magnet_resets_at(self, step: int) -> bool:
         """Whether the magnet becomes a copy of the current policy at the start of ``step``."""
-        if not self.magnet_coef or self.magnet_every is None or step < self.magnet_start + self.magnet_every:
+        if not self.magnet_coef or self.magnet_is_uniform_at(step):
             return False
         return (step - self.magnet_start) % self.magnet_every == 0
 

@@ -5,7 +5,7 @@
 
     python recipes/kuhn_poker.py --output-dir outputs/kuhn_poker     # or a Kuhn poker self-play run
     python recipes/distill_traces.py --eval kuhn_poker --traces outputs/kuhn_poker/traces --env kuhn_selfplay \
-        --steps 400 500
+        --steps 1400 1600
 
 Takes a run's traces (``--env``, ``--role``, ``--steps``; a run's ``traces/`` or, for ``episode_format = "jsonl"``
 runs, ``episodes/``), keeps the best ones (``--min-reward``), turns every assistant reply into a prompt–completion
@@ -62,9 +62,9 @@ def user_sim_evaluation(args):
 
     env = UserSimEnv(menu=True, split="held_out")
     tasks = held_out_scenarios(env, args.per_persona)
+    random.seed(args.seed)  # once, before the base model's evaluation (the fine-tuning runs reseed with args.seed)
 
     def evaluate(model, tokenizer) -> dict[str, float]:
-        random.seed(args.seed)
         greedy = Agent(AgentConfig(model="policy", sampling={"temperature": 0.0, "max_new_tokens": 24}),
                        TransformersBackend(model.eval(), tokenizer))
         return success_by_persona(greedy, env, tasks)
@@ -115,8 +115,8 @@ def main(argv=None) -> dict:
     pool = filter_traces(traces, env=args.env, role=role, steps=tuple(args.steps) if args.steps else None)
     best = filter_traces(pool, min_reward=args.min_reward)
     if len(best) == 0:
-        raise SystemExit(f"no {args.env or 'any env'}/{role or 'any role'} trace reaches reward {args.min_reward}: nothing to "
-                         "distil")
+        raise SystemExit(f"no {args.env or 'any env'}/{role or 'any role'} trace reaches reward {args.min_reward}: "
+                         "nothing to distil")
     best_rows = to_sft_prompt_completion(best)
     n = min(len(best_rows), args.max_examples)
     best_rows = best_rows.shuffle(seed=args.seed).select(range(n))

@@ -50,6 +50,9 @@ def test_flags_given_with_config_are_written_over_the_file(config_file, tmp_path
     with pytest.raises(SystemExit, match="--warmup-steps cannot be combined with --config"):
         args, given = recipe.parse(["--config", str(config_file), "--warmup-steps", "5"])
         recipe.from_file(str(config_file), args, given)
+    with pytest.raises(SystemExit, match="--magnet-coef cannot be combined with --config"):  # a phase setting
+        args, given = recipe.parse(["--config", str(config_file), "--magnet-coef", "0.5"])
+        recipe.from_file(str(config_file), args, given)
 
 
 def test_evaluation_counts_invalid_replies_in_every_kuhn_env(config_file, tmp_path):
