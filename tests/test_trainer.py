@@ -764,6 +764,9 @@ def test_the_magnet_is_uniform_then_a_frozen_copy_of_the_policy(tmp_path, tiny, 
     (folder / "magnet.pt").unlink()
     with pytest.raises(FileNotFoundError, match="magnet"):
         resumed._load_magnet(str(folder))
+    resumed.magnet, resumed.state.global_step = None, 5  # a checkpoint at a + k is saved before that step's renewal
+    resumed._load_magnet(str(folder))
+    assert resumed.magnet is None
 
 
 def test_the_magnet_kl_reads_the_distribution_each_token_was_sampled_from():
