@@ -7,6 +7,8 @@ without an error and print the strings listed for it.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -47,12 +49,18 @@ def _output_text(nb) -> str:
 
 
 @pytest.mark.parametrize("path, expected", list(NOTEBOOKS.items()), ids=[Path(p).stem for p in NOTEBOOKS])
-def test_notebook_runs(path, expected, tmp_path):
+def test_notebook_runs(path, expected, tmp_path, monkeypatch, request):
     if "agentic_judge" in path:
         from multiagent_rl.sandbox import bwrap_available
 
         if not bwrap_available():
             pytest.skip("the agentic judge runs commands in the sandbox: apt-get install bubblewrap")
+    # The kernel inherits this environment: the notebooks' tempfile.mkdtemp() outputs land in a folder removed
+    # afterwards. Not tmp_path: the sandbox's unprivileged user must be able to enter the judge's workspace.
+    scratch = Path(tempfile.mkdtemp(prefix="notebook-"))
+    scratch.chmod(0o755)
+    request.addfinalizer(lambda: shutil.rmtree(scratch, ignore_errors=True))
+    monkeypatch.setenv("TMPDIR", str(scratch))
     nb = nbformat.read(ROOT / path, as_version=4)
     client = nbclient.NotebookClient(
         nb, timeout=TIMEOUT_S, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}

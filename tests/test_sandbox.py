@@ -290,3 +290,16 @@ def test_two_processes_never_touch_each_others_sandboxes(ws):
     for _ in range(3):  # each of these is killed, its slot reaped
         assert Sandbox(ws, SandboxConfig(timeout=0.3)).run_sync(["sleep", "5"]).killed == "timeout"
     assert child.communicate(timeout=30)[0].split() == ["ok", "None"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root drops to an unprivileged uid that must enter the folders")
+def test_a_workspace_under_a_private_folder_is_refused_naming_the_folder(tmp_path):
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    private.chmod(0o700)
+    with Workspace.create(parent=private) as w:
+        with pytest.raises(SandboxUnavailable, match=f"{private} is mode 700"):
+            Sandbox(w)
+        private.chmod(0o711)  # pytest's own tmp_path folders above are private too
+        with pytest.raises(SandboxUnavailable, match="is mode 700"):
+            Sandbox(w)

@@ -36,6 +36,7 @@ import logging
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -137,6 +138,8 @@ class Sandbox:
         self.workspace = workspace if isinstance(workspace, Workspace) else Workspace(workspace)
         self.config = config if isinstance(config, SandboxConfig) else SandboxConfig(**(config or {}))
         self.isolated = self.config.isolation == "bwrap"
+        if os.geteuid() == 0:
+            _check_reachable_by_others(self.workspace.root)
         if self.isolated:
             check_bwrap()
         else:
@@ -289,6 +292,18 @@ def bwrap_available() -> bool:
     except SandboxUnavailable:
         return False
     return True
+
+
+def _check_reachable_by_others(root: Path) -> None:
+    """Run as root, commands drop to an unprivileged uid, which must be able to enter every folder above the
+    workspace; a private parent (pytest's ``tmp_path``, a ``TMPDIR`` of mode 0700) would make every command fail."""
+    for folder in [root, *root.parents]:
+        if not folder.stat().st_mode & stat.S_IXOTH:
+            raise SandboxUnavailable(
+                f"the workspace {root} is not reachable by the sandbox's unprivileged user: {folder} is mode "
+                f"{stat.S_IMODE(folder.stat().st_mode):o} (others may not enter it). Create workspaces under a folder "
+                "everyone may enter (Workspace.create(parent=...), or TMPDIR=/tmp), or `chmod o+x` that folder."
+            )
 
 
 _WARNED_UNISOLATED = False
