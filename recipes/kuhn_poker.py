@@ -48,13 +48,13 @@ WARMUP_POLICY = "multiagent_rl.envs.kuhn_poker:random_mixed_policy"
 
 DEFAULTS = dict(model="tiny", backend="transformers", vllm_mode="colocate", vllm_url=None, algo="rae", steps=1600,
                 warmup_steps=100, group_size=8, groups_per_step=16, lr=3e-4, warmup_lr=3e-3, entropy_coef=None,
-                entropy_final=None, magnet_coef=None, magnet_every=200,
+                entropy_final=None, magnet_coef=None, magnet_every=200, final_lr_ratio=None,
                 output_dir="outputs/kuhn_poker", seed=0, report_to=[])
 # Flags that rewrite a --config file's settings, and where they go.
 OVERRIDES = {"steps": "max_steps", "lr": "learning_rate", "seed": "seed", "report_to": "report_to",
              "groups_per_step": "groups_per_step", "entropy_coef": "entropy_coef", "output_dir": "output_dir"}
 NOT_WITH_CONFIG = ("warmup_steps", "warmup_lr", "free_text", "backend", "vllm_mode", "vllm_url", "entropy_final",
-                   "magnet_coef", "magnet_every")
+                   "magnet_coef", "magnet_every", "final_lr_ratio")
 
 
 def experiment(args) -> ExperimentConfig:
@@ -82,7 +82,10 @@ def experiment(args) -> ExperimentConfig:
                if args.entropy_final is not None else {}),
             **({"magnet_coef": args.magnet_coef, "magnet_start": args.warmup_steps, "magnet_every": args.magnet_every}
                if args.magnet_coef else {}),
-            "lr_scheduler_type": "constant",
+            # transformers' polynomial schedule with power 1 is a linear decay to lr_end at the last step
+            **({"lr_scheduler_type": "polynomial",
+                "lr_scheduler_kwargs": {"lr_end": args.lr * args.final_lr_ratio, "power": 1.0}}
+               if args.final_lr_ratio < 1 else {"lr_scheduler_type": "constant"}),
             "groups_per_step": args.groups_per_step,
             "seed": args.seed,
             "report_to": args.report_to,
@@ -149,6 +152,11 @@ def parse(argv=None) -> tuple[argparse.Namespace, set[str]]:
                         "--magnet-every steps (the trainer's magnet_coef). Default 0.3 with the legal-action harness; "
                         "0 (off) with --free-text, where a uniform magnet would spread mass over the whole vocabulary")
     p.add_argument("--magnet-every", type=int, help="steps between magnet renewals (default 200)")
+    p.add_argument("--final-lr-ratio", type=float,
+                   help="decay the learning rate linearly from --lr at step 0 to this fraction of it at the last step "
+                        "(the warm-up's own rate overrides its steps). Default 0.3 with the magnet (near the fixed "
+                        "point a constant rate leaves Adam's steps a random walk of the sampling noise), 1 (constant) "
+                        "without it")
     p.add_argument("--free-text", action="store_true", default=None,
                    help="free-text replies (invalid ones re-prompted, then forfeited) instead of the legal-action harness")
     p.add_argument("--eval-every", type=int, default=10, help="steps between exact evaluations (and log lines)")
@@ -170,6 +178,10 @@ def parse(argv=None) -> tuple[argparse.Namespace, set[str]]:
         args.magnet_coef = 0.0 if args.free_text else 0.3
     if args.entropy_coef is None:
         args.entropy_coef = 0.0 if args.free_text or args.magnet_coef else 0.3
+    if args.final_lr_ratio is None:
+        args.final_lr_ratio = 0.3 if args.magnet_coef else 1.0
+    if not 0 < args.final_lr_ratio <= 1:
+        p.error(f"--final-lr-ratio {args.final_lr_ratio}: a fraction of --lr in (0, 1] (1: a constant rate)")
     return args, given
 
 

@@ -65,3 +65,20 @@ def test_evaluation_counts_invalid_replies_in_every_kuhn_env(config_file, tmp_pa
     assert summary["curve"][-1]["decisions"] > 0
     assert summary["final_invalid_reply_rate"] > 0
     assert json.loads((out / "summary.json").read_text())["final_invalid_reply_rate"] == summary["final_invalid_reply_rate"]
+
+
+def test_the_learning_rate_decays_linearly_to_the_final_ratio_after_the_warmup_rate(tmp_path):
+    torch.set_num_threads(1)
+    out = tmp_path / "run"
+    recipe.main(["--steps", "8", "--warmup-steps", "2", "--groups-per-step", "1", "--group-size", "2",
+                 "--eval-every", "2", "--magnet-every", "2", "--final-lr-ratio", "0.25", "--lr", "4e-4",
+                 "--save-every", "8", "--output-dir", str(out)])
+    history = json.loads((out / "checkpoint-8" / "trainer_state.json").read_text())["log_history"]
+    logged = {h["step"]: h["learning_rate"] for h in history if "learning_rate" in h}
+    # the rate step s (from 1) ran at: 4e-4 - (4e-4 - 1e-4) * (s - 1) / 8, reaching 1e-4 where training ends
+    for step in (4, 6, 8):
+        assert logged[step] == pytest.approx(4e-4 - 3e-4 * (step - 1) / 8), (step, logged)
+    with pytest.raises(SystemExit):
+        recipe.parse(["--final-lr-ratio", "1.5"])
+    args, _ = recipe.parse(["--magnet-coef", "0"])  # the entropy-bonus setting of the earlier results: constant
+    assert recipe.experiment(args).trainer["lr_scheduler_type"] == "constant"
