@@ -37,7 +37,7 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
-from multiagent_rl.callbacks import PhaseLearningRate  # noqa: E402
+from multiagent_rl.callbacks import FreshOptimizerState, PhaseLearningRate  # noqa: E402
 from multiagent_rl.config import ExperimentConfig  # noqa: E402
 from multiagent_rl.envs.kuhn_poker import KuhnPokerEnv  # noqa: E402
 from multiagent_rl.eval.kuhn import evaluation_report  # noqa: E402
@@ -198,7 +198,9 @@ def main(argv=None) -> dict:
     stops = [e.stop_step for e in config.env if e.stop_step is not None]
     warmup = max(stops, default=0)
     evaluation = KuhnEvaluation(args.eval_every, start_step=warmup)
-    trainer = MixedAlgorithmTrainer(config, callbacks=[evaluation, PhaseLearningRate([(0, warmup, args.warmup_lr)])])
+    # the RL phase starts with a fresh Adam: the warm-up's second moments would shrink its first few hundred steps
+    phases = [PhaseLearningRate([(0, warmup, args.warmup_lr)])] + ([FreshOptimizerState([warmup])] if warmup else [])
+    trainer = MixedAlgorithmTrainer(config, callbacks=[evaluation, *phases])
     evaluation.trainer = trainer
     legal_choices = any(isinstance(slot.env, KuhnPokerEnv) and slot.env.legal_choices for slot in trainer.rollout.slots)
     evaluation.legal_choices = legal_choices

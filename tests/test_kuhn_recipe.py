@@ -82,3 +82,13 @@ def test_the_learning_rate_decays_linearly_to_the_final_ratio_after_the_warmup_r
         recipe.parse(["--final-lr-ratio", "1.5"])
     args, _ = recipe.parse(["--magnet-coef", "0"])  # the entropy-bonus setting of the earlier results: constant
     assert recipe.experiment(args).trainer["lr_scheduler_type"] == "constant"
+
+
+def test_the_rl_phase_starts_with_a_fresh_optimizer_state(tmp_path):
+    torch.set_num_threads(1)
+    out = tmp_path / "run"
+    recipe.main(["--steps", "5", "--warmup-steps", "2", "--groups-per-step", "1", "--group-size", "2",
+                 "--eval-every", "5", "--save-every", "5", "--output-dir", str(out)])
+    state = torch.load(out / "checkpoint-5" / "optimizer.pt", weights_only=False)["state"]
+    # Adam's step count restarted where the warm-up handed over: 3 RL steps, not 5
+    assert state and {int(s["step"]) for s in state.values()} == {3}
