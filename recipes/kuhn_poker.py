@@ -1,6 +1,6 @@
 """Kuhn poker self-play, measured exactly.
 
-    python recipes/kuhn_poker.py                       # tiny model, CPU, rae, ~11 minutes on 2 cores
+    python recipes/kuhn_poker.py                       # tiny model, CPU, ~11 minutes on 2 cores
     python recipes/kuhn_poker.py --resume              # continue from the latest checkpoint in --output-dir
     accelerate launch recipes/kuhn_poker.py --model Qwen/Qwen2.5-0.5B-Instruct
 
@@ -9,7 +9,9 @@ to the two legal words and trained with the softmax over just those (``--free-te
 model reply anything, re-prompting and then forfeiting invalid replies). Phase 1
 (``--warmup-steps``) imitates, with ``sft``, a scripted player whose mixed strategy is random at
 every information state: no game knowledge, but the policy learns to look at its card. Phase 2
-is self-play RL (``--algo``, default ``rae``) regularised toward a magnet that moves (R-NaD-style,
+is self-play RL (``--algo``, default ``grpo``: a deal's episodes are one group, so the baseline is that
+deal's mean) with a fresh Adam, a learning rate decaying linearly to ``--final-lr-ratio`` × ``--lr``, and
+a pull toward a magnet that moves (R-NaD-style,
 ``--magnet-coef``, ``--magnet-every``): for the first period a pull toward the uniform policy over
 the two legal words (an entropy bonus, which keeps the policy from collapsing into pure strategies),
 then toward a frozen copy of the policy renewed every period, so the regularisation has no fixed
@@ -46,7 +48,7 @@ from multiagent_rl.trainer import MixedAlgorithmTrainer, TrainingInterrupted  # 
 
 WARMUP_POLICY = "multiagent_rl.envs.kuhn_poker:random_mixed_policy"
 
-DEFAULTS = dict(model="tiny", backend="transformers", vllm_mode="colocate", vllm_url=None, algo="rae", steps=1600,
+DEFAULTS = dict(model="tiny", backend="transformers", vllm_mode="colocate", vllm_url=None, algo="grpo", steps=1600,
                 warmup_steps=100, group_size=8, groups_per_step=16, lr=3e-4, warmup_lr=3e-3, entropy_coef=None,
                 entropy_final=None, magnet_coef=None, magnet_every=200, final_lr_ratio=None,
                 output_dir="outputs/kuhn_poker", seed=0, report_to=[])
@@ -131,7 +133,8 @@ def parse(argv=None) -> tuple[argparse.Namespace, set[str]]:
     p.add_argument("--backend", choices=("transformers", "vllm"), help="what samples the policy (default transformers)")
     p.add_argument("--vllm-mode", choices=("colocate", "server"), help="with --backend vllm (default colocate)")
     p.add_argument("--vllm-url", help="with --vllm-mode server: the server's API root, e.g. http://127.0.0.1:8000/v1")
-    p.add_argument("--algo", help="rae (default) | grpo | grpo_std (grpo with std scaling) | max_rl | ...")
+    p.add_argument("--algo", help="grpo (default; each deal's episodes are one group) | rae | grpo_std (grpo with std "
+                                  "scaling) | max_rl | ...")
     p.add_argument("--steps", type=int, help="training steps, warm-up included (default 1600)")
     p.add_argument("--warmup-steps", type=int, help="sft steps imitating a random mixed strategy (default 100)")
     p.add_argument("--group-size", type=int, help="episodes per deal (default 8)")
@@ -157,6 +160,9 @@ def parse(argv=None) -> tuple[argparse.Namespace, set[str]]:
                         "(the warm-up's own rate overrides its steps). Default 0.3 with the magnet (near the fixed "
                         "point a constant rate leaves Adam's steps a random walk of the sampling noise), 1 (constant) "
                         "without it")
+    p.add_argument("--carry-warmup-optimizer", action="store_true",
+                   help="keep the warm-up's Adam state into the RL phase (the behaviour of the results before "
+                        "2026-12-03) instead of starting RL with a fresh one")
     p.add_argument("--free-text", action="store_true", default=None,
                    help="free-text replies (invalid ones re-prompted, then forfeited) instead of the legal-action harness")
     p.add_argument("--eval-every", type=int, default=10, help="steps between exact evaluations (and log lines)")
@@ -199,7 +205,9 @@ def main(argv=None) -> dict:
     warmup = max(stops, default=0)
     evaluation = KuhnEvaluation(args.eval_every, start_step=warmup)
     # the RL phase starts with a fresh Adam: the warm-up's second moments would shrink its first few hundred steps
-    phases = [PhaseLearningRate([(0, warmup, args.warmup_lr)])] + ([FreshOptimizerState([warmup])] if warmup else [])
+    phases = [PhaseLearningRate([(0, warmup, args.warmup_lr)])]
+    if warmup and not args.carry_warmup_optimizer:
+        phases.append(FreshOptimizerState([warmup]))
     trainer = MixedAlgorithmTrainer(config, callbacks=[evaluation, *phases])
     evaluation.trainer = trainer
     legal_choices = any(isinstance(slot.env, KuhnPokerEnv) and slot.env.legal_choices for slot in trainer.rollout.slots)

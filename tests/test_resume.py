@@ -22,7 +22,8 @@ from safetensors.torch import load_file
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "kuhn_poker.py"
 FLAGS = ["--steps", "10", "--warmup-steps", "2", "--groups-per-step", "16", "--group-size", "4",
-         "--eval-every", "2", "--save-every", "2", "--episode-format", "jsonl", "--magnet-every", "2"]
+         "--eval-every", "2", "--save-every", "2", "--episode-format", "jsonl", "--magnet-every", "2",
+         "--algo", "rae"]  # rae: its running baselines are state a resume must restore
 ENV = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
        "HF_HUB_DISABLE_TELEMETRY": "1", "TOKENIZERS_PARALLELISM": "false"}
 
