@@ -5,7 +5,8 @@
 
 As the Kuhn recipe: an ``sft`` warm-up imitating a random two-point mixed strategy (``--warmup-steps``; it fixes
 the reply format and makes the policy look at its cards), then self-play with one policy in both seats, the
-legal-action harness and an entropy bonus (``--entropy-coef``, optionally annealed with ``--entropy-final``).
+legal-action harness, a fresh Adam (``--carry-warmup-optimizer`` keeps the warm-up's) and an entropy bonus
+(``--entropy-coef``, optionally annealed with ``--entropy-final``).
 Every ``--eval-every`` steps the policy is read at all 288 information states and scored with OpenSpiel: the
 current policy and the reach-weighted average of the readings. Uniform random play has exploitability ~2.37.
 Outputs in ``--output-dir``: ``summary.json``, ``exploitability.png``, the traces, the final model.
@@ -19,7 +20,7 @@ import sys
 
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
-from multiagent_rl.callbacks import PhaseLearningRate  # noqa: E402
+from multiagent_rl.callbacks import FreshOptimizerState, PhaseLearningRate  # noqa: E402
 from multiagent_rl.eval.leduc import LeducEvaluation  # noqa: E402
 from multiagent_rl.recipe import finish, train  # noqa: E402
 from multiagent_rl.trainer import MixedAlgorithmTrainer  # noqa: E402
@@ -77,6 +78,9 @@ def main(argv=None) -> dict:
     p.add_argument("--warmup-lr", type=float, default=3e-3)
     p.add_argument("--entropy-coef", type=float, default=0.3)
     p.add_argument("--entropy-final", type=float, help="anneal the bonus to this value by the last step")
+    p.add_argument("--carry-warmup-optimizer", action="store_true",
+                   help="keep the warm-up's Adam state into self-play (the behaviour of the results before "
+                        "2026-12-03) instead of starting it with a fresh one")
     p.add_argument("--eval-every", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output-dir", default="outputs/leduc_poker")
@@ -84,8 +88,10 @@ def main(argv=None) -> dict:
     args = p.parse_args(argv)
 
     evaluation = LeducEvaluation(args.eval_every, start_step=args.warmup_steps)
-    trainer = MixedAlgorithmTrainer(experiment(args), callbacks=[
-        evaluation, PhaseLearningRate([(0, args.warmup_steps, args.warmup_lr)])])
+    phases = [PhaseLearningRate([(0, args.warmup_steps, args.warmup_lr)])]
+    if args.warmup_steps and not args.carry_warmup_optimizer:  # the warm-up's Adam moments would shrink self-play's steps
+        phases.append(FreshOptimizerState([args.warmup_steps]))
+    trainer = MixedAlgorithmTrainer(experiment(args), callbacks=[evaluation, *phases])
     evaluation.trainer = trainer
     interrupted = train(trainer)
     points = evaluation.points
