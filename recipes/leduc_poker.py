@@ -5,8 +5,8 @@
 
 As the Kuhn recipe: an ``sft`` warm-up imitating a random two-point mixed strategy (``--warmup-steps``; it fixes
 the reply format and makes the policy look at its cards), then self-play with one policy in both seats, the
-legal-action harness, a fresh Adam (``--carry-warmup-optimizer`` keeps the warm-up's) and an entropy bonus
-(``--entropy-coef``, optionally annealed with ``--entropy-final``).
+legal-action harness and an entropy bonus (``--entropy-coef``, optionally annealed with ``--entropy-final``);
+``--fresh-optimizer`` starts self-play with a fresh Adam, as the Kuhn recipe does.
 Every ``--eval-every`` steps the policy is read at all 288 information states and scored with OpenSpiel: the
 current policy and the reach-weighted average of the readings. Uniform random play has exploitability ~2.37.
 Outputs in ``--output-dir``: ``summary.json``, ``exploitability.png``, the traces, the final model.
@@ -78,9 +78,9 @@ def main(argv=None) -> dict:
     p.add_argument("--warmup-lr", type=float, default=3e-3)
     p.add_argument("--entropy-coef", type=float, default=0.3)
     p.add_argument("--entropy-final", type=float, help="anneal the bonus to this value by the last step")
-    p.add_argument("--carry-warmup-optimizer", action="store_true",
-                   help="keep the warm-up's Adam state into self-play (the behaviour of the results before "
-                        "2026-12-03) instead of starting it with a fresh one")
+    p.add_argument("--fresh-optimizer", action="store_true",
+                   help="start self-play with a fresh Adam instead of the warm-up's (the Kuhn recipe's default; on "
+                        "Leduc neutral to worse in one comparison: docs/leduc_poker.md)")
     p.add_argument("--eval-every", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output-dir", default="outputs/leduc_poker")
@@ -89,7 +89,7 @@ def main(argv=None) -> dict:
 
     evaluation = LeducEvaluation(args.eval_every, start_step=args.warmup_steps)
     phases = [PhaseLearningRate([(0, args.warmup_steps, args.warmup_lr)])]
-    if args.warmup_steps and not args.carry_warmup_optimizer:  # the warm-up's Adam moments would shrink self-play's steps
+    if args.warmup_steps and args.fresh_optimizer:
         phases.append(FreshOptimizerState([args.warmup_steps]))
     trainer = MixedAlgorithmTrainer(experiment(args), callbacks=[evaluation, *phases])
     evaluation.trainer = trainer

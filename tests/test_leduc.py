@@ -167,7 +167,7 @@ def test_the_recipe_runs_end_to_end_and_scores_the_policy_exactly(tmp_path):
 
     torch.set_num_threads(1)
     summary = recipe.main(["--steps", "3", "--warmup-steps", "1", "--groups-per-step", "1", "--group-size", "2",
-                           "--eval-every", "3", "--output-dir", str(tmp_path)])
+                           "--eval-every", "3", "--fresh-optimizer", "--output-dir", str(tmp_path)])
     assert summary["steps"] == 3 and not summary["interrupted"]
     # the exact exploitability of what the model plays: between Nash (0) and the warm-up's bold teacher (~3.3)
     assert 0 < summary["final_exploitability"] < 4
