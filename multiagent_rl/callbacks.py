@@ -121,8 +121,8 @@ class FreshOptimizerState(TrainerCallback):
     Where an sft warm-up hands over to RL, Adam's second-moment estimate still holds the warm-up's gradients, which
     are much larger than the RL phase's, and it forgets them with a time constant of 1 / (1 − β₂) steps (1,000 at
     the default β₂): the first few hundred RL steps come out that much smaller, and the momentum still points where
-    the warm-up was going. On Kuhn poker this alone held one seed at exploitability 0.22
-    (docs/kuhn_poker_results.md).
+    the warm-up was going. On Kuhn poker it held one seed at exploitability 0.22 (docs/kuhn_poker_results.md); on
+    Leduc the reset made no measurable difference (docs/leduc_poker.md).
 
     ```pycon
     >>> FreshOptimizerState([100])  # the RL phase after a 100-step warm-up starts with a fresh Adam  # doctest: +SKIP
