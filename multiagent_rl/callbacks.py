@@ -26,6 +26,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from accelerate.state import AcceleratorState
+from accelerate.utils import DistributedType
 from transformers import TrainerCallback
 from transformers.trainer_callback import ProgressCallback
 
@@ -135,7 +137,8 @@ class FreshOptimizerState(TrainerCallback):
         self.steps = {int(step) for step in steps}
 
     def on_train_begin(self, args, state, control, **kwargs):
-        if getattr(args, "deepspeed", None) or getattr(args, "deepspeed_plugin", None):
+        # the accelerator's state, as the trainer's ZeRO-3 check reads it: it also knows an `accelerate launch` config
+        if AcceleratorState().distributed_type == DistributedType.DEEPSPEED:
             raise ValueError("FreshOptimizerState cannot reset a DeepSpeed optimizer's partitioned state; "
                              "leave it out of the callbacks under DeepSpeed")
 

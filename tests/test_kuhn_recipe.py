@@ -92,3 +92,16 @@ def test_the_rl_phase_starts_with_a_fresh_optimizer_state(tmp_path):
     state = torch.load(out / "checkpoint-5" / "optimizer.pt", weights_only=False)["state"]
     # Adam's step count restarted where the warm-up handed over: 3 RL steps, not 5
     assert state and {int(s["step"]) for s in state.values()} == {3}
+
+
+def test_the_fresh_optimizer_refuses_deepspeed_however_it_was_configured(monkeypatch):
+    from types import SimpleNamespace
+
+    from accelerate.utils import DistributedType
+
+    from multiagent_rl import callbacks
+
+    # an `accelerate launch` DeepSpeed config sets the accelerator's state, not TrainingArguments.deepspeed
+    monkeypatch.setattr(callbacks, "AcceleratorState", lambda: SimpleNamespace(distributed_type=DistributedType.DEEPSPEED))
+    with pytest.raises(ValueError, match="DeepSpeed"):
+        callbacks.FreshOptimizerState([1]).on_train_begin(SimpleNamespace(deepspeed=None), None, None)
