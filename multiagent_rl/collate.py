@@ -110,38 +110,25 @@ def collate(
         rows.append(_padding_row(pad_token_id, temperature))
     P = max(len(r["prompt"]) for r in rows)
     T = max(len(r["completion"]) for r in rows)
-    B = len(rows)
-    prompt_ids = torch.full((B, P), pad_token_id, dtype=torch.long)
-    prompt_mask = torch.zeros((B, P), dtype=torch.long)
-    completion_ids = torch.full((B, T), pad_token_id, dtype=torch.long)
-    completion_mask = torch.zeros((B, T), dtype=torch.long)
-    per_token = [k for k, v in rows[0].items() if isinstance(v, list) and k not in ("prompt", "completion", "allowed")]
-    floats = {k: torch.zeros((B, T)) for k in per_token}
-    floats["temperatures"].fill_(float(temperature))
-    for i, r in enumerate(rows):
-        p, c = len(r["prompt"]), len(r["completion"])
-        prompt_ids[i, P - p :] = torch.tensor(r["prompt"])
-        prompt_mask[i, P - p :] = 1
-        completion_ids[i, :c] = torch.tensor(r["completion"])
-        completion_mask[i, :c] = 1
-        for k, t in floats.items():
-            t[i, :c] = torch.tensor(r[k], dtype=torch.float32)
+    # Padded as Python lists and converted once per field: a tensor per row and field cost more than the rest of
+    # the collation (~0.05 s of a 0.36 s Kuhn step).
     batch = {
-        "prompt_ids": prompt_ids,
-        "prompt_mask": prompt_mask,
-        "completion_ids": completion_ids,
-        "completion_mask": completion_mask,
-        **floats,
-        "algorithm": [r["algorithm"] for r in rows],
-        "env": [r["env"] for r in rows],
-        "role": [r["role"] for r in rows],
+        "prompt_ids": torch.tensor([[pad_token_id] * (P - len(r["prompt"])) + r["prompt"] for r in rows]),
+        "prompt_mask": torch.tensor([[0] * (P - len(r["prompt"])) + [1] * len(r["prompt"]) for r in rows]),
+        "completion_ids": torch.tensor([r["completion"] + [pad_token_id] * (T - len(r["completion"])) for r in rows]),
+        "completion_mask": torch.tensor([[1] * len(r["completion"]) + [0] * (T - len(r["completion"])) for r in rows]),
     }
+    per_token = [k for k, v in rows[0].items() if isinstance(v, list) and k not in ("prompt", "completion", "allowed")]
+    for k in per_token:
+        fill = float(temperature) if k == "temperatures" else 0.0
+        batch[k] = torch.tensor([r[k] + [fill] * (T - len(r[k])) for r in rows], dtype=torch.float32)
+    batch.update(algorithm=[r["algorithm"] for r in rows], env=[r["env"] for r in rows], role=[r["role"] for r in rows])
     K = max((len(a) for r in rows for a in r["allowed"] if a is not None), default=0)
     if K:  # constrained choices in the batch: per token the allowed ids, -1-padded (all -1 = whole vocabulary)
-        allowed_ids = torch.full((B, T, K), -1, dtype=torch.long)
-        for i, r in enumerate(rows):
-            for j, a in enumerate(r["allowed"]):
-                if a is not None:
-                    allowed_ids[i, j, : len(a)] = torch.tensor(a)
-        batch["allowed_ids"] = allowed_ids
+        unconstrained = [-1] * K
+        batch["allowed_ids"] = torch.tensor([
+            [unconstrained if a is None else list(a) + [-1] * (K - len(a)) for a in r["allowed"]]
+            + [unconstrained] * (T - len(r["allowed"]))
+            for r in rows
+        ], dtype=torch.long)
     return batch

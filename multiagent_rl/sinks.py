@@ -59,6 +59,19 @@ def _finite(x: Any) -> Any:
     return x
 
 
+def _number(x: Any) -> Any:
+    """A finite number, or None for a non-finite one (or None)."""
+    return x if x is None or math.isfinite(x) else None
+
+
+def _numbers(xs: list | None) -> list | None:
+    """A list of numbers (None allowed) with every non-finite one replaced by None.
+
+    The records below clean only their float-bearing fields this way: walking every token id and allowed id
+    through ``_finite`` cost ~0.1 s per Kuhn training step (256 traces)."""
+    return None if xs is None else [x if x is None or math.isfinite(x) else None for x in xs]
+
+
 def _text(mapping: Any) -> str:
     return json.dumps(_finite(mapping), allow_nan=False, sort_keys=True, default=str)
 
@@ -66,28 +79,29 @@ def _text(mapping: Any) -> str:
 def trace_record(trace: Trace) -> dict[str, Any]:
     """A trace as a fixed-schema JSON object (see the module docstring)."""
     streams = trace.streams
-    return _finite({
+    return {
         "role": trace.role,
         "trainable": trace.trainable,
         "model": trace.model,
         "segments": [
-            {"kind": s.kind, "token_ids": s.token_ids, "logprobs": s.logprobs, "allowed": s.allowed,
-             "temperature": s.temperature}
+            {"kind": s.kind, "token_ids": s.token_ids, "logprobs": _numbers(s.logprobs), "allowed": s.allowed,
+             "temperature": _number(s.temperature)}
             for s in trace.segments
         ],
         "messages": [{"role": str(m.get("role")), "content": str(m.get("content"))} for m in trace.messages],
-        "rewards": [{"name": r.name, "value": r.value, "weight": r.weight} for r in trace.rewards],
-        "reward": trace.reward,
+        "rewards": [{"name": r.name, "value": _number(r.value), "weight": _number(r.weight)} for r in trace.rewards],
+        "reward": _number(trace.reward),
         "metrics": _text(trace.metrics),
         "info": _text(trace.info),
         "error": trace.error,
         "last_reply": trace.last_reply,
         "token_exact": trace.token_exact,
         "streams": None if streams is None else {
-            "algorithm": streams.algorithm, "advantages": streams.advantages, "ce_weights": streams.ce_weights,
-            "ref_kl_weights": streams.ref_kl_weights, "ref_logprobs": streams.ref_logprobs,
+            "algorithm": streams.algorithm, "advantages": _numbers(streams.advantages),
+            "ce_weights": _numbers(streams.ce_weights), "ref_kl_weights": _numbers(streams.ref_kl_weights),
+            "ref_logprobs": _numbers(streams.ref_logprobs),
         },
-    })
+    }
 
 
 def task_record(task: Task) -> dict[str, Any]:

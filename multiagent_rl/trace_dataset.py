@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from .episode import Episode
-from .sinks import _finite, _text, task_from_record, task_record, trace_from_record, trace_record
+from .sinks import _number, _text, task_from_record, task_record, trace_from_record, trace_record
 from .trace import Trace
 
 SCHEMA_VERSION = 1
@@ -86,24 +86,26 @@ def trace_rows(episode: Episode, step: int, run: str = "") -> list[dict[str, Any
     for index, trace in enumerate(episode.traces):
         record = trace_record(trace)
         streams = trace.streams
-        action_adv = ([a for a, k in zip(streams.advantages, trace.token_kinds) if k == "action"]
-                      if streams is not None and streams.advantages is not None else [])
-        rows.append(_finite({
+        advantages = record["streams"]["advantages"] if streams is not None else None
+        action_adv = [a for a, k in zip(advantages or [], trace.token_kinds) if k == "action"]
+        if None in action_adv:  # a non-finite advantage: no summary rather than one of the finite rest
+            action_adv = []
+        rows.append({
             "run": run, "step": step, "episode": episode.id, "group": episode.group, "trace_index": index,
             "env": episode.env, "episode_ok": episode.ok, "episode_errors": list(episode.errors),
             "episode_info": _text(episode.info), "task": task,
             **{key: record[key] for key in _TRACE_FIELDS},
             "algorithm": streams.algorithm if streams is not None else None,
             "token_ids": trace.token_ids, "token_kinds": trace.token_kinds,
-            "logprobs": [lp for s in trace.segments for lp in (s.logprobs or [None] * len(s.token_ids))],
+            "logprobs": [lp for s in record["segments"] for lp in (s["logprobs"] or [None] * len(s["token_ids"]))],
             "allowed": [a for s in trace.segments for a in (s.allowed or [None] * len(s.token_ids))],
-            "segments": [{"kind": s.kind, "length": len(s.token_ids), "temperature": s.temperature,
+            "segments": [{"kind": s.kind, "length": len(s.token_ids), "temperature": _number(s.temperature),
                           "has_logprobs": s.logprobs is not None, "has_allowed": s.allowed is not None}
                          for s in trace.segments],
             "advantage_mean": sum(action_adv) / len(action_adv) if action_adv else None,
             "advantage_min": min(action_adv) if action_adv else None,
             "advantage_max": max(action_adv) if action_adv else None,
-        }))
+        })
     return rows
 
 

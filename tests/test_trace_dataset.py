@@ -45,6 +45,34 @@ def test_episodes_to_dataset_and_back_is_exact(kuhn_episodes):
     assert [(s, ep.to_dict()) for s, ep in back] == [(s, ep.to_dict()) for s, ep in pairs]
 
 
+def test_non_finite_numbers_are_written_as_null_and_ids_are_untouched(tmp_path, kuhn_episodes):
+    """The sinks clean only the float-bearing fields: NaN/inf become null there, token and allowed ids pass as they are."""
+    import copy
+    import json
+
+    from multiagent_rl.sinks import trace_record
+
+    episode = copy.deepcopy(kuhn_episodes[0])
+    trace = next(t for t in episode.traces if t.streams is not None and t.streams.advantages)
+    action = next(s for s in trace.segments if s.logprobs)
+    action.logprobs[0] = float("nan")
+    trace.streams.advantages[-1] = float("inf")
+    trace.rewards[0].value = float("-inf")
+    record = trace_record(trace)
+    json.dumps(record, allow_nan=False)
+    assert record["rewards"][0]["value"] is None and record["reward"] is None
+    assert None in record["streams"]["advantages"] and None in [lp for s in record["segments"] for lp in s["logprobs"] or []]
+    assert [s["token_ids"] for s in record["segments"]] == [s.token_ids for s in trace.segments]
+    assert [s["allowed"] for s in record["segments"]] == [s.allowed for s in trace.segments]
+    sink = ParquetEpisodeSink(tmp_path / "traces")
+    sink.write([episode], 0)
+    row = load_traces(tmp_path)[episode.traces.index(trace)]
+    assert row["reward"] is None and row["token_ids"] == trace.token_ids
+    assert row["advantage_mean"] is None  # a summary over a non-finite advantage would hide it
+    unscored = [lp for s in trace.segments for lp in s.logprobs or [None] * len(s.token_ids)].count(None)
+    assert row["logprobs"].count(None) == unscored + 1  # the NaN
+
+
 def test_parquet_shards_of_two_runs_load_together_and_resume_drops_later_steps(tmp_path, kuhn_episodes):
     a = ParquetEpisodeSink(tmp_path / "a" / "traces", rank=0, run="a")
     for step in range(3):

@@ -797,3 +797,36 @@ def test_magnet_settings_are_checked(tmp_path, mixed_args):
     for bad in ({"magnet_coef": -0.1}, {"magnet_coef": 0.5, "magnet_every": 0}, {"magnet_start": -1}):
         with pytest.raises(ValueError, match="magnet"):
             mixed_args(tmp_path / "run", **bad)
+
+
+def test_the_lm_head_runs_only_where_the_loss_reads_unless_the_model_rescales_its_logits(
+        tmp_path, tiny, make_trace, make_episode, fixed_trainer, caplog):
+    """_logits_at equals the model's own logits at the read positions: through the head at just those positions
+    for the tiny Qwen2, and through the whole forward (with a warning, once) for a model that scales its logits
+    after the head, as Granite's logits_scaling does."""
+    model, tok = tiny
+
+    class ScaledLogits(type(model)):
+        def forward(self, *args, **kwargs):
+            out = super().forward(*args, **kwargs)
+            out.logits = out.logits * 2.0
+            return out
+
+    scaled = ScaledLogits(model.config)
+    scaled.load_state_dict(model.state_dict())
+    experiment = {"algo": {"type": "grpo"}, "env": [{"id": "single", "instance": single_env(), "group_size": 4}]}
+    for name, policy in (("plain", model), ("scaled", scaled)):
+        trainer = fixed_trainer(tmp_path / name, (policy, tok), experiment, _grpo_episodes(make_trace, make_episode))
+        batch = trainer._generate_and_score_completions(None)
+        ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
+        mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
+        T = batch["completion_ids"].size(1)
+        read = batch["completion_mask"].bool()
+        with torch.no_grad():
+            expected = trainer.model(input_ids=ids, attention_mask=mask).logits[:, -T - 1:-1][read]
+            for _ in range(2):
+                caplog.clear()
+                got = trainer._logits_at(trainer.model, ids, mask, T, read)
+                assert torch.allclose(got, expected, atol=1e-5), name
+        assert (type(trainer.model) in trainer._full_logits_models) == (name == "scaled")
+    assert not caplog.records  # the second call: the fallback is remembered, not re-detected
