@@ -92,6 +92,29 @@ def test_the_rl_phase_starts_with_a_fresh_optimizer_state(tmp_path):
     state = torch.load(out / "checkpoint-5" / "optimizer.pt", weights_only=False)["state"]
     # Adam's step count restarted where the warm-up handed over: 3 RL steps, not 5
     assert state and {int(s["step"]) for s in state.values()} == {3}
+    # the warm-up check ran at its last step: two sft steps teach little, so the gap to the teacher is large
+    check = json.loads((out / "summary.json").read_text())["warmup_check"]
+    assert 0.2 < check["max_gap"] <= 0.9 and check["worst"].startswith("player ")
+
+
+def test_the_warmup_check_names_each_decision_point_where_the_policy_does_not_read_its_card():
+    from multiagent_rl.envs.kuhn_poker import random_mixed_table
+    from multiagent_rl.eval.kuhn_policy import imitation_report
+    from multiagent_rl.games.kuhn import INFO_STATES
+
+    teacher = random_mixed_table(seed=3, low=0.1, high=0.9, two_point=True)  # seed 3: its player 1 rows differ by card
+    assert imitation_report(teacher, teacher) == {"max_gap": 0.0, "worst": "player 0 with J after the deal",
+                                                  "card_blind": []}
+    blind = {s: dict(teacher[s]) for s in INFO_STATES}
+    for s in INFO_STATES:
+        if s.player == 1:  # every card plays the teacher's average at its decision point: the card is ignored
+            mean = sum(teacher[t][t.legal_actions[1]] for t in INFO_STATES if t.history == s.history) / 3
+            blind[s] = {s.legal_actions[0]: 1 - mean, s.legal_actions[1]: mean}
+    report = imitation_report(blind, teacher)
+    assert [(b["player"], b["history"]) for b in report["card_blind"]] == [(1, ["check"]), (1, ["bet"])]
+    assert report["card_blind"][0]["teacher"] == [0.9, 0.9, 0.1]
+    # the largest gap: K after a check plays the mean 0.633 where the teacher bets with 0.1
+    assert report["max_gap"] == 0.5333 and report["worst"] == "player 1 with K after check"
 
 
 def test_the_fresh_optimizer_refuses_deepspeed_however_it_was_configured(monkeypatch):

@@ -134,6 +134,18 @@ def table_policy(table: dict[Any, dict[str, float]]):
     return act
 
 
+def random_mixed_table(seed: int = 0, low: float = 0.1, high: float = 0.9, two_point: bool = False) -> dict:
+    """The table of [`random_mixed_policy`][multiagent_rl.envs.kuhn_poker.random_mixed_policy]: information state →
+    action → probability."""
+    rng = random.Random(seed)
+    table = {}
+    for s in INFO_STATES:
+        aggressive = rng.choice((low, high)) if two_point else rng.uniform(low, high)
+        passive, bold = s.legal_actions  # (check, bet) or (fold, call)
+        table[s] = {passive: 1 - aggressive, bold: aggressive}
+    return table
+
+
 def random_mixed_policy(seed: int = 0, low: float = 0.1, high: float = 0.9, two_point: bool = False):
     """A random mixed strategy with its own P(bet or call) at each information state.
 
@@ -143,13 +155,7 @@ def random_mixed_policy(seed: int = 0, low: float = 0.1, high: float = 0.9, two_
     the stronger the signal to look at the card: the 64-wide tiny model picks it up in ~75 sft
     steps with ``two_point`` and {0.1, 0.9}, and not within 200 steps with U[0.1, 0.9].
     """
-    rng = random.Random(seed)
-    table = {}
-    for s in INFO_STATES:
-        aggressive = rng.choice((low, high)) if two_point else rng.uniform(low, high)
-        passive, bold = s.legal_actions  # (check, bet) or (fold, call)
-        table[s] = {passive: 1 - aggressive, bold: aggressive}
-    return table_policy(table)
+    return table_policy(random_mixed_table(seed, low, high, two_point))
 
 
 def nash_policy(alpha: float = 1 / 6):

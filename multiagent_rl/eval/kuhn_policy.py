@@ -134,6 +134,30 @@ def read_policy(model, tokenizer, reply_tokens: int = 1, legal_choices: bool = F
     return table
 
 
+def imitation_report(table: PolicyTable, teacher: PolicyTable, blind_spread: float = 0.1) -> dict[str, Any]:
+    """How closely ``table`` plays ``teacher`` (a warm-up's scripted strategy), per decision point.
+
+    ``max_gap`` is the largest |P(bet or call) − teacher's| over the 12 information states (at ``worst``);
+    ``card_blind`` lists the decision points (player, history) where the teacher's probability differs across
+    the three cards by at least 0.5 but the table's by less than ``blind_spread``: there the policy has not learned
+    to read its card. Self-play from such a start stalled in our runs (docs/kuhn_poker_results.md).
+    """
+    def bold(t, s):
+        return t[s][s.legal_actions[1]]
+
+    gaps = {s: abs(bold(table, s) - bold(teacher, s)) for s in INFO_STATES}
+    worst = max(gaps, key=gaps.get)
+    blind = []
+    for player, history in dict.fromkeys((s.player, s.history) for s in INFO_STATES):
+        states = [s for s in INFO_STATES if (s.player, s.history) == (player, history)]
+        ours, theirs = [bold(table, s) for s in states], [bold(teacher, s) for s in states]
+        if max(theirs) - min(theirs) >= 0.5 and max(ours) - min(ours) < blind_spread:
+            blind.append({"player": player, "history": list(history), "probabilities": [round(p, 3) for p in ours],
+                          "teacher": [round(p, 3) for p in theirs]})
+    return {"max_gap": round(gaps[worst], 4), "worst": f"player {worst.player} with {worst.card} after "
+            f"{' '.join(worst.history) or 'the deal'}", "card_blind": blind}
+
+
 # -- evaluation during training ---------------------------------------------------------------
 
 
