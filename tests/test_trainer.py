@@ -630,6 +630,9 @@ def test_two_processes_match_one_process(tmp_path):
     two = [json.loads((tmp_path / "two" / f"rank{r}.json").read_text()) for r in (0, 1)]
 
     assert one["world"] == 1 and [t["world"] for t in two] == [2, 2]
+    # the loss read the logits at its positions only (the magnet term's path), through DDP on two processes
+    assert [t["model_class"] for t in two] == ["DistributedDataParallel"] * 2
+    assert one["full_logits_models"] == two[0]["full_logits_models"] == [] and "magnet/kl" in one["logs"][0]
     assert len(one["rounds"]) == 2
     assert one["rounds"][0]["num_ref_kl_tokens"] > 0 and one["rounds"][0]["num_ce_tokens"] > 0
     for t in two:
