@@ -258,15 +258,46 @@ class MixedAlgorithmTrainer(GRPOTrainer):
             if head is None or self.is_fsdp_enabled or (plugin is not None and plugin.zero_stage == 3) \
                     or type(model) in self._full_logits_models:
                 return model(input_ids=ids, attention_mask=mask, logits_to_keep=T + 1).logits[:, :-1][read]
-            out = model(input_ids=ids, attention_mask=mask, logits_to_keep=1, output_hidden_states=True)
-            hidden = out.hidden_states[-1]
-            last = out.logits[:, -1]
-            if torch.allclose(head(hidden[:, -1]).float(), last.float(), rtol=1e-3, atol=1e-3):
-                return head(hidden[:, -(T + 1):-1][read])
+            hidden, last_hidden, last_logits = self._hidden_at(model, ids, mask, T, read)
+            if torch.allclose(head(last_hidden).float(), last_logits.float(), rtol=1e-3, atol=1e-3):
+                return head(hidden)
         self._full_logits_models.add(type(model))
         logger.warning("%s's logits are not its output embeddings applied to its last hidden state: the loss reads "
                        "its logits at every completion position instead", type(model).__name__)
         return self._logits_at(model, ids, mask, T, read)
+
+    def _hidden_at(self, model, ids, mask, T, read, buckets: int = 4):
+        """The final hidden states (M, H) at the positions that predict the ``read`` completion tokens, in ``read``'s
+        row-major order, plus the last position's hidden state and logits of one run (for `_logits_at`'s check).
+
+        Rows without a read position are not run at all; the rest run in up to ``buckets`` groups of similar length,
+        each cut to its own span of columns (the batch is padded to its longest prompt on the left and its longest
+        completion on the right: on the Kuhn recipe half the padded positions were padding). Cutting left padding
+        shifts a row's absolute positions, which rotary attention does not see (scores depend on relative
+        positions only), so the hidden states equal the padded run's up to float rounding.
+        """
+        B, L = ids.shape
+        P = L - T
+        columns = torch.arange(T, device=read.device)
+        starts = P - mask[:, :P].sum(1)  # a row's first real column (prompts are left-padded)
+        ends = P + torch.where(read, columns, -1).max(1).values  # one past the column predicting its last read token
+        rows = read.any(1).nonzero().squeeze(1)
+        rows = rows[(ends - starts)[rows].argsort(stable=True)]
+        hidden, flat, last = [], [], None
+        for group in rows.tensor_split(min(buckets, len(rows))) if len(rows) else []:
+            left, right = int(starts[group].min()), int(ends[group].max())
+            out = model(input_ids=ids[group, left:right], attention_mask=mask[group, left:right], logits_to_keep=1,
+                        output_hidden_states=True)
+            r, j = read[group].nonzero(as_tuple=True)
+            hidden.append(out.hidden_states[-1][r, P + j - 1 - left])
+            flat.append(group[r] * T + j)
+            if last is None:
+                last = (out.hidden_states[-1][:, -1], out.logits[:, -1])
+        if last is None:  # nothing to read: an empty result that still belongs to the graph
+            out = model(input_ids=ids[:1], attention_mask=mask[:1], logits_to_keep=1, output_hidden_states=True)
+            return out.hidden_states[-1][:0, 0], out.hidden_states[-1][:, -1], out.logits[:, -1]
+        order = torch.cat(flat).argsort()
+        return torch.cat(hidden)[order], *last
 
     def _compute_loss(self, model, inputs):
         step = self.state.global_step

@@ -805,7 +805,7 @@ def test_magnet_settings_are_checked(tmp_path, mixed_args):
 def test_the_lm_head_runs_only_where_the_loss_reads_unless_the_model_rescales_its_logits(
         tmp_path, tiny, make_trace, make_episode, fixed_trainer, caplog):
     """_logits_at equals the model's own logits at the read positions: through the head at just those positions
-    for the tiny Qwen2, and through the whole forward (with a warning, once) for a model that scales its logits
+    (rows in length buckets, each cut to its own columns) for the tiny Qwen2, and through the whole forward (with a warning, once) for a model that scales its logits
     after the head, as Granite's logits_scaling does."""
     model, tok = tiny
 
@@ -825,6 +825,9 @@ def test_the_lm_head_runs_only_where_the_loss_reads_unless_the_model_rescales_it
         mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
         T = batch["completion_ids"].size(1)
         read = batch["completion_mask"].bool()
+        read[0] = False  # a row with nothing to read is not run; another reads only its first token
+        read[1, 1:] = False
+        assert len({int(n) for n in batch["prompt_mask"].sum(1)}) > 1  # rows of several lengths, run in buckets
         with torch.no_grad():
             expected = trainer.model(input_ids=ids, attention_mask=mask).logits[:, -T - 1:-1][read]
             for _ in range(2):
