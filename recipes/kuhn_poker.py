@@ -51,7 +51,7 @@ from multiagent_rl.trainer import MixedAlgorithmTrainer, TrainingInterrupted  # 
 
 WARMUP_POLICY = "multiagent_rl.envs.kuhn_poker:random_mixed_policy"
 
-DEFAULTS = dict(model="tiny", backend="transformers", vllm_mode="colocate", vllm_url=None, algo="grpo", steps=1600,
+DEFAULTS = dict(model="tiny", backend="transformers", vllm_mode="colocate", vllm_url=None, algo="grpo", steps=2400,
                 warmup_steps=100, group_size=8, groups_per_step=16, lr=3e-4, warmup_lr=3e-3, entropy_coef=None,
                 entropy_final=None, magnet_coef=None, magnet_every=200, final_lr_ratio=None,
                 output_dir="outputs/kuhn_poker", seed=0, report_to=[])
@@ -175,7 +175,7 @@ def parse(argv=None) -> tuple[argparse.Namespace, set[str]]:
     p.add_argument("--vllm-url", help="with --vllm-mode server: the server's API root, e.g. http://127.0.0.1:8000/v1")
     p.add_argument("--algo", help="grpo (default; each deal's episodes are one group) | rae | grpo_std (grpo with std "
                                   "scaling) | max_rl | ...")
-    p.add_argument("--steps", type=int, help="training steps, warm-up included (default 1600)")
+    p.add_argument("--steps", type=int, help="training steps, warm-up included (default 2400)")
     p.add_argument("--warmup-steps", type=int, help="sft steps imitating a random mixed strategy (default 100)")
     p.add_argument("--group-size", type=int, help="episodes per deal (default 8)")
     p.add_argument("--groups-per-step", type=int, help="deals per step per process (default 16)")
