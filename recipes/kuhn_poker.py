@@ -1,6 +1,6 @@
 """Kuhn poker self-play, measured exactly.
 
-    python recipes/kuhn_poker.py                       # tiny model, CPU, ~11 minutes on 2 cores
+    python recipes/kuhn_poker.py                       # tiny model, CPU, ~14 minutes on 2 cores
     python recipes/kuhn_poker.py --resume              # continue from the latest checkpoint in --output-dir
     accelerate launch recipes/kuhn_poker.py --model Qwen/Qwen2.5-0.5B-Instruct
 
@@ -8,7 +8,9 @@ One policy plays both seats. Every reply goes through the legal-action harness: 
 to the two legal words and trained with the softmax over just those (``--free-text`` lets the
 model reply anything, re-prompting and then forfeiting invalid replies). Phase 1
 (``--warmup-steps``) imitates, with ``sft``, a scripted player whose mixed strategy is random at
-every information state: no game knowledge, but the policy learns to look at its card. Phase 2
+every information state: no game knowledge, but the policy learns to look at its card (twice as many
+episodes per deal as the RL phase, ``--warmup-group-size``; its last step prints how closely the policy plays
+that teacher and warns where it has not learned to read its card). Phase 2
 is self-play RL (``--algo``, default ``grpo``: a deal's episodes are one group, so the baseline is that
 deal's mean) with a fresh Adam, a learning rate decaying linearly to ``--final-lr-ratio`` × ``--lr``, and
 a pull toward a magnet that moves (R-NaD-style,
@@ -52,7 +54,7 @@ from multiagent_rl.trainer import MixedAlgorithmTrainer, TrainingInterrupted  # 
 WARMUP_POLICY = "multiagent_rl.envs.kuhn_poker:random_mixed_policy"
 
 DEFAULTS = dict(model="tiny", backend="transformers", vllm_mode="colocate", vllm_url=None, algo="grpo", steps=2400,
-                warmup_steps=100, group_size=8, warmup_group_size=16, groups_per_step=16, lr=3e-4, warmup_lr=3e-3, entropy_coef=None,
+                warmup_steps=100, group_size=8, warmup_group_size=None, groups_per_step=16, lr=3e-4, warmup_lr=3e-3, entropy_coef=None,
                 entropy_final=None, magnet_coef=None, magnet_every=200, final_lr_ratio=None,
                 output_dir="outputs/kuhn_poker", seed=0, report_to=[])
 # Flags that rewrite a --config file's settings, and where they go.
@@ -179,7 +181,7 @@ def parse(argv=None) -> tuple[argparse.Namespace, set[str]]:
     p.add_argument("--warmup-steps", type=int, help="sft steps imitating a random mixed strategy (default 100)")
     p.add_argument("--group-size", type=int, help="episodes per deal (default 8)")
     p.add_argument("--warmup-group-size", type=int,
-                   help="episodes per deal in the warm-up (default 16: twice the RL phase's, so the warm-up sees as many "
+                   help="episodes per deal in the warm-up (default twice --group-size: 16, so the warm-up sees as many "
                         "games per step as the 32-deal steps it was tuned with; with 8, seed 0's policy still played "
                         "player 1's K after a check at 0.15 where the teacher bets 0.9)")
     p.add_argument("--groups-per-step", type=int, help="deals per step per process (default 16)")
@@ -224,6 +226,8 @@ def parse(argv=None) -> tuple[argparse.Namespace, set[str]]:
         if getattr(args, key) is None:
             setattr(args, key, value)
     args.free_text = bool(args.free_text)
+    if args.warmup_group_size is None:
+        args.warmup_group_size = 2 * args.group_size
     if args.magnet_coef is None:
         args.magnet_coef = 0.0 if args.free_text else 0.3
     if args.entropy_coef is None:
