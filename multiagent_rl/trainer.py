@@ -14,7 +14,6 @@ current step, saves a checkpoint and raises [`TrainingInterrupted`][multiagent_r
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
 import os
@@ -37,6 +36,7 @@ from .health import RunHealth, RunStopped
 from .hub import base_model_id, fix_adapter_base, model_card_text
 from .models import load_model_and_tokenizer
 from .rollout import Orchestrator, episode_metrics
+from .scoring import frozen_copy, logits_at
 from .sinks import JsonlEpisodeSink
 from .trace_dataset import ParquetEpisodeSink
 from .trainer_config import MixedAlgorithmConfig
@@ -243,61 +243,22 @@ class MixedAlgorithmTrainer(GRPOTrainer):
         return out, (torch.zeros_like(out).masked_scatter(read, entropy) if compute_entropy else None), kl
 
     def _logits_at(self, model, ids, mask, T, read):
-        """The logits (M, V) at the completion positions ``read`` (B, T) of the sequences ``ids``.
-
-        The LM head runs on just those positions' final hidden states, not on all T + 1 kept positions: on the
-        Kuhn recipe (256 rows, ~38 completion positions, ~2 read per row) that is ~30% of the step's forward and
-        backward, and with a large vocabulary it is most of the logits' memory. Every call checks that the head
-        applied to the last position's hidden state reproduces the model's own logits there (a model that scales
-        or caps its logits after the head would not); if not, and under FSDP or ZeRO-3 (whose sharded head cannot
-        run outside the model's forward), the model computes the logits of all kept positions as usual.
-        """
+        """The logits (M, V) at the completion positions ``read`` (B, T): the LM head on just those positions'
+        hidden states ([`logits_at`][multiagent_rl.scoring.logits_at]), or the model's logits at all T + 1 kept
+        positions for a model whose logits are not its head on its last hidden state (checked on every call; one
+        warning per model class) and under FSDP or ZeRO-3 (whose sharded head cannot run outside the forward)."""
         plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
         head = self.accelerator.unwrap_model(model).get_output_embeddings()
+        if self.is_fsdp_enabled or (plugin is not None and plugin.zero_stage == 3) or type(model) in self._full_logits_models:
+            head = None
         with self.accelerator.autocast():
-            if head is None or self.is_fsdp_enabled or (plugin is not None and plugin.zero_stage == 3) \
-                    or type(model) in self._full_logits_models:
-                return model(input_ids=ids, attention_mask=mask, logits_to_keep=T + 1).logits[:, :-1][read]
-            hidden, last_hidden, last_logits = self._hidden_at(model, ids, mask, T, read)
-            if torch.allclose(head(last_hidden).float(), last_logits.float(), rtol=1e-3, atol=1e-3):
-                return head(hidden)
-        self._full_logits_models.add(type(model))
-        logger.warning("%s's logits are not its output embeddings applied to its last hidden state: the loss reads "
-                       "its logits at every completion position instead", type(model).__name__)
-        return self._logits_at(model, ids, mask, T, read)
-
-    def _hidden_at(self, model, ids, mask, T, read, buckets: int = 4):
-        """The final hidden states (M, H) at the positions that predict the ``read`` completion tokens, in ``read``'s
-        row-major order, plus the last position's hidden state and logits of one run (for `_logits_at`'s check).
-
-        Rows without a read position are not run at all; the rest run in up to ``buckets`` groups of similar length,
-        each cut to its own span of columns (the batch is padded to its longest prompt on the left and its longest
-        completion on the right: on the Kuhn recipe half the padded positions were padding). Cutting left padding
-        shifts a row's absolute positions, which rotary attention does not see (scores depend on relative
-        positions only), so the hidden states equal the padded run's up to float rounding.
-        """
-        B, L = ids.shape
-        P = L - T
-        columns = torch.arange(T, device=read.device)
-        starts = P - mask[:, :P].sum(1)  # a row's first real column (prompts are left-padded)
-        ends = P + torch.where(read, columns, -1).max(1).values  # one past the column predicting its last read token
-        rows = read.any(1).nonzero().squeeze(1)
-        rows = rows[(ends - starts)[rows].argsort(stable=True)]
-        hidden, flat, last = [], [], None
-        for group in rows.tensor_split(min(buckets, len(rows))) if len(rows) else []:
-            left, right = int(starts[group].min()), int(ends[group].max())
-            out = model(input_ids=ids[group, left:right], attention_mask=mask[group, left:right], logits_to_keep=1,
-                        output_hidden_states=True)
-            r, j = read[group].nonzero(as_tuple=True)
-            hidden.append(out.hidden_states[-1][r, P + j - 1 - left])
-            flat.append(group[r] * T + j)
-            if last is None:
-                last = (out.hidden_states[-1][:, -1], out.logits[:, -1])
-        if last is None:  # nothing to read: an empty result that still belongs to the graph
-            out = model(input_ids=ids[:1], attention_mask=mask[:1], logits_to_keep=1, output_hidden_states=True)
-            return out.hidden_states[-1][:0, 0], out.hidden_states[-1][:, -1], out.logits[:, -1]
-        order = torch.cat(flat).argsort()
-        return torch.cat(hidden)[order], *last
+            logits = logits_at(model, head, ids, mask, T, read)
+        if logits is None:
+            self._full_logits_models.add(type(model))
+            logger.warning("%s's logits are not its output embeddings applied to its last hidden state: the loss "
+                           "reads its logits at every completion position instead", type(model).__name__)
+            return self._logits_at(model, ids, mask, T, read)
+        return logits
 
     def _compute_loss(self, model, inputs):
         step = self.state.global_step
@@ -424,20 +385,6 @@ class MixedAlgorithmTrainer(GRPOTrainer):
 
 
 __all__ = ["MixedAlgorithmConfig", "MixedAlgorithmTrainer", "TrainingInterrupted"]
-
-
-def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
-    """An independent, frozen copy of ``model`` for reading only (the magnet).
-
-    TRL and accelerate replace a prepared model's ``forward`` on the instance with closures over the original
-    model (TRL's fused LM head, accelerate's fp32 output wrapper); a deep copy would keep calling the original's
-    forward, so the copy gets its class's own forward back.
-    """
-    duplicate = copy.deepcopy(model)
-    for module in duplicate.modules():
-        module.__dict__.pop("forward", None)
-        module.__dict__.pop("_original_forward", None)
-    return duplicate.eval().requires_grad_(False)
 
 
 def episode_sink(args, rank: int):
