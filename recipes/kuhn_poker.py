@@ -1,6 +1,6 @@
 """Kuhn poker self-play, measured exactly.
 
-    python recipes/kuhn_poker.py                       # tiny model, CPU, ~14 minutes on 2 cores
+    python recipes/kuhn_poker.py                       # tiny model, CPU, ~11 minutes on 2 cores
     python recipes/kuhn_poker.py --resume              # continue from the latest checkpoint in --output-dir
     accelerate launch recipes/kuhn_poker.py --model Qwen/Qwen2.5-0.5B-Instruct
 

@@ -13,7 +13,7 @@ def test_default_recipe_beats_uniform_play(tmp_path):
     import kuhn_poker
 
     # The default recipe (2,400 steps: 100 sft warm-up + 2,300 grpo steps of 16 deals regularised toward a magnet that
-    # moves, a fresh Adam and a learning rate decaying to 0.3x, legal-action harness), about 14 minutes alone on 2
+    # moves, a fresh Adam and a learning rate decaying to 0.3x, legal-action harness), about 11 minutes alone on 2
     # cores. Measured over several seeds: docs/kuhn_poker_results.md.
     summary = kuhn_poker.main(["--eval-every", "20", "--output-dir", str(tmp_path), "--episode-format", "jsonl"])
     uniform = 11 / 24
