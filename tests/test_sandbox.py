@@ -5,13 +5,16 @@ The same attacks run as tool calls inside an episode in tests/test_agentic_judge
 
 import os
 import socket
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from multiagent_rl import sandbox as sandbox_mod
-from multiagent_rl.sandbox import Sandbox, SandboxConfig, SandboxUnavailable, Workspace, WorkspaceEscape
+from multiagent_rl.sandbox import Sandbox, SandboxConfig, SandboxUnavailable, Workspace, WorkspaceEscape, cgroups
+from multiagent_rl.sandbox.workspace import DEFAULT_DISK_MB, DEFAULT_MAX_FILES
 
 pytestmark = pytest.mark.skipif(not sandbox_mod.bwrap_available(), reason="bubblewrap cannot start here (CI installs it)")
 
@@ -303,3 +306,295 @@ def test_a_workspace_under_a_private_folder_is_refused_naming_the_folder(tmp_pat
         private.chmod(0o711)  # pytest's own tmp_path folders above are private too
         with pytest.raises(SandboxUnavailable, match="is mode 700"):
             Sandbox(w)
+
+
+# -- a hostile workspace: what a command leaves behind must never block, break or fool the host ------------------
+
+
+def finishes(fn, seconds: float = 5.0):
+    """``fn()``'s result, asserting it returns (or raises) within ``seconds``: host-side code must never block on
+    what a command left in the workspace."""
+    box = {}
+
+    def target():
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed back to the test
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"the host blocked for over {seconds} s"
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+def test_fifos_sockets_and_folders_in_place_of_files_never_block_the_hosts_reads_and_writes(ws):
+    ws.write("solution.py", "x = 1\n")
+    r = run(ws, "import os, socket\nos.remove('solution.py'); os.mkfifo('solution.py'); os.mkfifo('notes.txt')\n"
+                "socket.socket(socket.AF_UNIX).bind('sock'); os.mkdir('folder'); os.symlink('notes.txt', 'link')")
+    assert r.ok, r
+    for name in ["solution.py", "notes.txt", "sock", "folder"]:
+        with pytest.raises(OSError, match="not a regular file"):
+            finishes(lambda: ws.read(name))
+    for name in ["solution.py", "sock"]:  # writing opens for write: a FIFO without a reader, a socket
+        with pytest.raises(OSError, match="not a regular file"):
+            finishes(lambda: ws.write(name, "y = 2\n"))
+    with pytest.raises(WorkspaceEscape, match="symbolic link"):
+        finishes(lambda: ws.read("link"))
+    assert run(ws, "print('next')").stdout == "next\n"
+
+
+def test_a_tree_deeper_than_the_recursion_limit_is_listed_used_and_removed(ws):
+    r = run(ws, "import os\nfor i in range(1100):\n    os.mkdir('d'); os.chdir('d')\nopen('deep.txt', 'w').write('x')")
+    assert r.ok, r
+    assert finishes(ws.files) == []  # the file is below the listing's depth cap
+    assert "listing stopped" in finishes(ws.listing)
+    assert run(ws, "print('next')").stdout == "next\n"
+    root = ws.root
+    finishes(ws.cleanup)
+    assert not root.exists()
+
+
+def test_a_path_longer_than_path_max_breaks_no_later_command_and_is_removed():
+    ws = Workspace(tempfile.mkdtemp(dir="/tmp"))  # a folder of the user's: no tmpfs, removed by hand below
+    os.chmod(ws.root, 0o755)
+    code = "import os\nname = 'n' * 250\nfor i in range(20):\n    os.mkdir(name); os.chdir(name)\nopen('f', 'w').write('x')"
+    try:
+        assert run(ws, code).ok
+        assert run(ws, "print('next')").stdout == "next\n"
+        assert finishes(ws.files) == ["/".join(["n" * 250] * 20 + ["f"])]
+    finally:
+        finishes(lambda: Workspace(ws.root, owned=True).cleanup())
+    assert not ws.root.exists()
+
+
+def test_chmod_0_of_the_workspace_does_not_lock_out_later_commands(ws):
+    assert run(ws, "import os; os.chmod('/workspace', 0)").ok
+    assert run(ws, "print('next')").stdout == "next\n"
+
+
+def test_a_flood_of_files_stops_at_the_inode_quota_and_the_listing_is_capped(ws):
+    code = ("n = 0\ntry:\n    while n < 20000:\n        open(f'f{n}', 'w').close(); n += 1\nexcept OSError as e:\n"
+            "    print('stopped', e.strerror)\nprint(n)")
+    r = run(ws, code)
+    created = int(r.stdout.split()[-1])
+    if os.geteuid() == 0:
+        assert created < DEFAULT_MAX_FILES and "No space left" in r.stdout
+    assert len(finishes(ws.files)) <= 2000 and len(os.listdir(ws.root)) <= max(created, 0)
+
+
+def test_commands_in_a_huge_folder_do_not_stall_the_event_loop():
+    """A folder of the user's (no inode quota) with 30,000 files: host-side walks run off the event loop."""
+    import asyncio
+
+    root = tempfile.mkdtemp(dir="/tmp")
+    os.chmod(root, 0o755)
+    for i in range(30_000):
+        open(os.path.join(root, f"f{i}"), "w").close()
+    ws = Workspace(root)
+
+    async def main():
+        gaps, stop = [], asyncio.Event()
+
+        async def ticker():
+            last = time.perf_counter()
+            while not stop.is_set():
+                await asyncio.sleep(0.01)
+                now = time.perf_counter()
+                gaps.append(now - last)
+                last = now
+
+        tick = asyncio.ensure_future(ticker())
+        sandbox = Sandbox(ws, SandboxConfig(max_files=100_000, disk_mb=1024))
+        for _ in range(2):
+            await sandbox.run(["true"])
+        stop.set()
+        await tick
+        return max(gaps)
+
+    try:
+        assert asyncio.run(main()) < 0.5
+    finally:
+        Workspace(root, owned=True).cleanup()
+
+
+def test_a_newline_in_a_file_name_cannot_forge_a_line_of_the_listing(ws):
+    assert run(ws, "open('a\\nsolution_fake.py', 'w').close(); open('ok.py', 'w').close()").ok
+    assert "solution_fake.py" not in "\n".join(ws.files()).splitlines()
+    assert ws.files() == [repr("a\nsolution_fake.py"), "ok.py"]
+
+
+# -- memory and disk are bounded per sandbox, not per process ----------------------------------------------------
+
+needs_cgroup = pytest.mark.skipif(cgroups.support().version is None, reason="needs root and a memory control group")
+
+
+def shmem_mb() -> int:
+    for line in open("/proc/meminfo"):
+        if line.startswith("Shmem:"):
+            return int(line.split()[1]) // 1024
+    return 0
+
+
+SHM_HOG = """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+libc.shmat.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+libc.shmdt.argtypes = [ctypes.c_void_p]
+held = 0
+for i in range(64):
+    segment = libc.shmget(0, 16 << 20, 0o1000 | 0o600)
+    if segment < 0:
+        break
+    address = libc.shmat(segment, None, 0)
+    ctypes.memset(address, 1, 16 << 20)
+    libc.shmdt(ctypes.c_void_p(address))
+    held += 16
+    print('held', held, flush=True)
+"""
+
+
+@needs_cgroup
+def test_sysv_shared_memory_counts_against_the_sandbox_and_is_freed_after(ws):
+    before = shmem_mb()
+    r = run(ws, SHM_HOG, memory_mb=128)
+    held = [int(line.split()[1]) for line in r.stdout.splitlines()]
+    assert r.killed == "memory" and max(held) <= 128 and r.peak_memory_mb <= 128
+    deadline = time.time() + 5
+    while shmem_mb() > before + 32 and time.time() < deadline:
+        time.sleep(0.1)  # the IPC namespace's segments go with it, asynchronously
+    assert shmem_mb() <= before + 32
+
+
+@needs_cgroup
+def test_the_memory_of_many_processes_counts_together(ws):
+    code = ("import os, time\nfor i in range(6):\n    if os.fork() == 0:\n        x = bytearray(100 << 20)\n"
+            "        time.sleep(3); os._exit(0)\nheld = sum(os.wait()[1] == 0 for i in range(6))\nprint('held', held)")
+    r = run(ws, code, memory_mb=256, timeout=15)
+    assert r.killed == "memory" and int(r.stdout.split()[1]) < 6 and r.peak_memory_mb <= 256
+
+
+@needs_cgroup
+def test_memfd_written_without_mapping_counts(ws):
+    code = ("import os\nfds = []\nfor i in range(24):\n    fd = os.memfd_create(f'm{i}')\n"
+            "    os.write(fd, b'x' * (15 << 20)); fds.append(fd)\n    print('held', 15 * (i + 1), flush=True)\nprint('DONE')")
+    r = run(ws, code, memory_mb=128)
+    assert "DONE" not in r.stdout and r.killed == "memory"
+
+
+def test_no_user_namespace_and_so_no_private_tmpfs_inside(ws):
+    r = Sandbox(ws).run_sync(["unshare", "-Urm", "sh", "-c", "mount -t tmpfs none /workspace && for i in 1 2 3 4 5 6;"
+                              " do head -c 15000000 /dev/zero > /workspace/$i; done && echo HELD"])
+    assert "HELD" not in r.stdout and r.returncode != 0
+
+
+def test_the_oom_killer_takes_a_sandbox_before_the_trainer(ws):
+    r = run(ws, "print(open('/proc/self/oom_score_adj').read())")
+    assert r.stdout.strip() == "1000"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the kernel-enforced workspace quota (a tmpfs) needs root")
+def test_fallocate_cannot_fill_the_hosts_disk(ws):
+    code = ("import os\nfor i in range(128):\n    fd = os.open(f'f{i}', os.O_CREAT | os.O_WRONLY)\n    try:\n"
+            "        os.posix_fallocate(fd, 0, 16 << 20)\n    except OSError as e:\n        print('stopped at', i, e.strerror)"
+            "\n        break\n    finally:\n        os.close(fd)")
+    r = run(ws, code)
+    assert "No space left" in r.stdout
+    assert ws.usage()[0] <= DEFAULT_DISK_MB << 20
+
+
+def test_a_workspace_that_is_not_its_own_filesystem_has_its_quota_checked_after_each_command():
+    root = tempfile.mkdtemp(dir="/tmp")
+    os.chmod(root, 0o755)
+    ws = Workspace(root)
+    try:
+        r = Sandbox(ws, SandboxConfig(disk_mb=4)).run_sync(
+            ["python3", "-c", "for i in range(3): open(f'f{i}', 'wb').write(b'x' * (2 << 20))"])
+        assert r.killed == "disk quota" and not r.ok
+    finally:
+        Workspace(root, owned=True).cleanup()
+
+
+def test_cleanup_leaves_nothing_on_disk_mounted_or_in_control_groups():
+    ws = Workspace.create()
+    junk = ("import os\nos.mkfifo('fifo'); os.makedirs('a/b/c'); open('a/b/c/f', 'w').write('x')\n"
+            "os.chmod('a/b', 0); os.symlink('/etc', 'etc')")
+    assert run(ws, junk).ok
+    root = ws.root
+    ws.cleanup()
+    assert not root.exists() and str(root) not in open("/proc/mounts").read()
+    support = cgroups.support()
+    if support.memory is not None:
+        assert list(support.memory.glob("cmd-*")) == []
+
+
+def test_the_docs_table_of_limits_is_the_codes():
+    docs = (Path(__file__).parent.parent / "docs" / "agentic_judge.md").read_text()
+    assert sandbox_mod.limits_table() in docs
+
+
+# -- the kernel keyrings are not namespaced -----------------------------------------------------------------------
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="syscall numbers of x86-64")
+def test_the_trainers_session_keyring_is_out_of_reach(ws):
+    """A trainer with a key in its session keyring runs a command that tries to read and overwrite it."""
+    import subprocess
+    import sys
+
+    attack = ("import ctypes, sys\nlibc = ctypes.CDLL(None, use_errno=True)\nserial = int(sys.argv[1])\n"
+              "buf = ctypes.create_string_buffer(256)\n"
+              "print('read', libc.syscall(250, 11, serial, buf, 256), buf.value)\n"
+              "print('update', libc.syscall(250, 2, serial, b'overwritten', 11))\n"
+              "try:\n    print('keys', open('/proc/keys').read())\nexcept OSError as e:\n    print('keys', e)")
+    trainer = f"""
+import ctypes, os
+from multiagent_rl.sandbox import Sandbox, Workspace
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall(250, 1, None)  # KEYCTL_JOIN_SESSION_KEYRING: this process's own session keyring, as a login has
+serial = libc.syscall(248, b"user", b"mrl-test-key", b"secret-payload", 14, -3)
+assert serial > 0, os.strerror(ctypes.get_errno())
+with Workspace.create() as ws:
+    r = Sandbox(ws).run_sync(["python3", "-c", {attack!r}, str(serial)])
+print(r.stdout)
+buf = ctypes.create_string_buffer(256)
+libc.syscall(250, 11, serial, buf, 256)
+print("after", buf.value)
+libc.syscall(250, 21, serial)  # KEYCTL_INVALIDATE
+"""
+    out = subprocess.run([sys.executable, "-c", trainer], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "secret-payload" not in out.stdout.split("after")[0] and "mrl-test-key" not in out.stdout
+    assert "update -1" in out.stdout and "after b'secret-payload'" in out.stdout
+
+
+# -- sandbox uids are unique across the machine, not only across this process's pids -----------------------------
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="separate sandbox uids (and pid namespaces) need root")
+def test_two_trainers_that_are_both_pid_1_get_their_own_uids_and_process_budgets():
+    import subprocess
+    import sys
+
+    trainer = """
+import os, sys
+from multiagent_rl.sandbox import Sandbox, SandboxConfig, Workspace
+with Workspace.create() as ws:
+    r = Sandbox(ws, SandboxConfig(max_processes=8, timeout=8)).run_sync(["sh", "-c", sys.argv[1]])
+out = r.stdout.split() or ["none"]
+print("pid", os.getpid(), "uid", out[0], "last", out[-1], "killed", r.killed)
+"""
+    holder = "id -u; for i in 1 2 3 4 5 6 7 8 9 10; do sleep 4 & done; wait; echo held"
+    starter = "id -u; echo started"
+    ns = ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", trainer]
+    first = subprocess.Popen(ns + [holder], stdout=subprocess.PIPE, text=True)
+    time.sleep(1.5)  # the first holds all its processes now
+    second = subprocess.run(ns + [starter], capture_output=True, text=True, timeout=60)
+    first_out = first.communicate(timeout=60)[0]
+    assert second.stdout.split()[:2] == ["pid", "1"] and first_out.split()[:2] == ["pid", "1"], (first_out, second)
+    assert second.stdout.split()[3] != first_out.split()[3]  # different uids
+    assert second.stdout.split()[5] == "started", second

@@ -2,21 +2,29 @@
 
 A [`Workspace`][multiagent_rl.sandbox.workspace.Workspace] is one episode's folder; a
 [`Sandbox`][multiagent_rl.sandbox.Sandbox] runs commands in it under
-`bubblewrap <https://github.com/containers/bubblewrap>`_ (Debian/Ubuntu package ``bubblewrap``):
+`bubblewrap <https://github.com/containers/bubblewrap>`_ (Debian/Ubuntu package ``bubblewrap``). The threat model:
+the code is written by a model optimised to raise its reward, so it is hostile. It must not read or harm the host,
+exhaust it, freeze the trainer, or forge its reward.
 
-- its own network namespace (no network: loopback and the outside are both unreachable);
-- its own pid, IPC, UTS and user namespaces; the whole namespace dies with the command, so
-  nothing it started in the background outlives the call;
-- a read-only ``/usr`` (the system's programs and libraries) and the workspace, mounted at
-  ``/workspace``, as the only writable place; nothing else of the host (no ``/etc``, no home, no
-  ``/tmp``) and no environment variables except ``PATH``, ``HOME`` and ``LANG``;
-- resource limits on the command and everything it starts (CPU seconds, address space, process
-  count, file size, open files), a wall-clock timeout that kills the whole sandbox, and a cap on the
-  captured output (past it the command is killed, not merely truncated).
+- its own network, pid, IPC, UTS and user namespaces, with no further user namespaces inside (so no tmpfs or
+  mount of its own); the whole namespace dies with the command, so nothing it started outlives the call;
+- a read-only ``/usr`` and the workspace, mounted at ``/workspace``, as the only writable place; nothing else of
+  the host (no ``/etc``, no home, no ``/tmp``, no ``/proc/keys``) and no environment variables except ``PATH``,
+  ``HOME`` and ``LANG``;
+- a seccomp filter ([`seccomp`][multiagent_rl.sandbox.seccomp]) refusing the kernel keyrings (shared with the
+  trainer otherwise), ``ptrace`` and a few large attack surfaces;
+- per sandbox, run as root: a memory control group of ``memory_mb`` counting every page its processes touch (shared
+  memory, memfd and kernel memory included), a process count, ``oom_score_adj`` 1000 so the kernel's OOM killer
+  takes a sandbox before the trainer, and a workspace that is its own filesystem of ``disk_mb`` and ``max_files``
+  inodes ([`cgroups`][multiagent_rl.sandbox.cgroups], [`Workspace.create`][multiagent_rl.sandbox.workspace.Workspace.create]);
+- per process: CPU seconds, address space, file size and open files (``prlimit``); a wall-clock timeout that kills
+  the whole sandbox; a cap on the captured output (past it the command is killed, not merely truncated).
 
-Without bubblewrap a sandbox refuses to start and says how to install it; ``isolation="none"`` runs
-plain subprocesses with the same limits, timeout and output cap but **no isolation**, and every
-result and trace says so (``CommandResult.isolated`` is False).
+Without root, memory is bounded per process only and the disk quota is measured after each command (a result
+then says ``killed="disk quota"``); docs/agentic_judge.md lists what holds where.
+Without bubblewrap a sandbox refuses to start and says how to install it; ``isolation="none"`` runs plain
+subprocesses with the same limits, timeout and output cap but **no isolation**, and every result and trace says so
+(``CommandResult.isolated`` is False).
 
 ```pycon
 >>> with Workspace.create() as ws:  # doctest: +SKIP
@@ -34,8 +42,8 @@ import asyncio
 import contextlib
 import logging
 import os
-import shutil
 import signal
+import shutil
 import stat
 import subprocess
 import sys
@@ -47,12 +55,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .processes import UID_BASE, OutputCollector, chown_tree, kill_group, kill_uid, reap_uid, sandbox_uid, slots
-from .processes import threads_of
-from .workspace import SANDBOX_HOME, Workspace, WorkspaceEscape
+from . import seccomp
+from .cgroups import CommandGroup
+from .files import NotARegularFile
+from .processes import UID_BASE, OutputCollector, kill_group, kill_uid, reap_uid, slots, threads_of
+from .workspace import DEFAULT_DISK_MB, DEFAULT_MAX_FILES, SANDBOX_HOME, Workspace, WorkspaceEscape
 
-__all__ = ["CommandResult", "SANDBOX_HOME", "Sandbox", "SandboxConfig", "SandboxUnavailable", "UID_BASE",
-           "Workspace", "WorkspaceEscape", "bwrap_available", "check_bwrap"]
+__all__ = ["CommandResult", "NotARegularFile", "SANDBOX_HOME", "Sandbox", "SandboxConfig", "SandboxUnavailable",
+           "UID_BASE", "Workspace", "WorkspaceEscape", "bwrap_available", "check_bwrap", "limits_table"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,11 +73,11 @@ INSTALL_HINT = (
 )
 
 
-
 class SandboxConfig(BaseModel):
-    """Limits and isolation of the commands tools run."""
+    """Limits and isolation of the commands tools run (the table in docs/agentic_judge.md is generated from these
+    fields: [`limits_table`][multiagent_rl.sandbox.limits_table])."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     isolation: Literal["bwrap", "none"] = "bwrap"
     """``bwrap``: bubblewrap namespaces (refused with install instructions where it is missing or cannot start).
@@ -75,19 +85,31 @@ class SandboxConfig(BaseModel):
     timeout: float = Field(20.0, gt=0)
     """Wall-clock seconds one command may run before the whole sandbox is killed."""
     cpu_seconds: int = Field(10, ge=1)
+    """CPU seconds each process may use (RLIMIT_CPU)."""
     memory_mb: int = Field(1024, ge=64)
-    """Address-space limit of each process (RLIMIT_AS)."""
+    """Memory of the whole sandbox, shared memory, tmpfs, memfd and kernel memory included (a memory control group;
+    root only), and the address space of each process (RLIMIT_AS, everywhere)."""
     max_processes: int = Field(32, ge=1)
-    """Processes (threads) the command may run at once (RLIMIT_NPROC)."""
+    """Processes (threads) the sandbox may run at once (a pids control group and RLIMIT_NPROC)."""
     max_file_mb: int = Field(16, ge=1)
     """Largest file a command may write (RLIMIT_FSIZE)."""
     max_open_files: int = Field(64, ge=8)
+    """Open file descriptors of each process (RLIMIT_NOFILE)."""
+    disk_mb: int = Field(DEFAULT_DISK_MB, ge=1)
+    """Space of a workspace made by ``Workspace.create`` (its own tmpfs as root; measured after each command
+    elsewhere)."""
+    max_files: int = Field(DEFAULT_MAX_FILES, ge=16)
+    """Files and folders (inodes) a workspace may hold, enforced like ``disk_mb``."""
     max_output_bytes: int = Field(64_000, ge=1024)
     """Output captured from stdout and stderr together; a command that writes more is killed."""
     max_concurrent: int | None = Field(None, ge=1, le=512)
     """Commands running at once in this process (default: the number of CPUs)."""
     ro_binds: list[str] = Field(default_factory=list)
     """Extra host paths mounted read-only at the same place (e.g. an interpreter outside ``/usr``)."""
+
+    def workspace(self, prefix: str = "ws-", parent: str | Path | None = None) -> Workspace:
+        """A fresh workspace with this config's quota (``disk_mb``, ``max_files``)."""
+        return Workspace.create(parent, prefix, disk_mb=self.disk_mb, max_files=self.max_files)
 
 
 class SandboxUnavailable(RuntimeError):
@@ -104,9 +126,12 @@ class CommandResult:
     stderr: str
     duration: float
     killed: str | None = None
-    """``"timeout"`` (wall clock), ``"output"`` (output cap) or ``"signal <name>"`` (a resource limit: e.g.
-    SIGXCPU for CPU seconds, SIGXFSZ for file size, SIGKILL after memory exhaustion)."""
+    """``"timeout"`` (wall clock), ``"output"`` (output cap), ``"memory"`` (the sandbox's memory group ran out),
+    ``"disk quota"`` (the workspace was left over its quota, where the kernel does not enforce it) or
+    ``"signal <name>"`` (a resource limit: e.g. SIGXCPU for CPU seconds, SIGXFSZ for file size)."""
     isolated: bool = True
+    peak_memory_mb: float | None = None
+    """The sandbox's peak memory (None where it has no memory group)."""
 
     @property
     def ok(self) -> bool:
@@ -131,12 +156,15 @@ class Sandbox:
 
     Commands are argv lists; ``python3`` means an interpreter the sandbox can see (``/usr/bin/python3``, or
     the running interpreter's own installation, mounted read-only). ``run`` is async (episodes run
-    concurrently); ``run_sync`` is for scripts and notebooks.
+    concurrently); ``run_sync`` is for scripts and notebooks. ``mounts`` adds read-only folders at chosen places
+    (``{"/task": host_folder}``).
     """
 
-    def __init__(self, workspace: Workspace | str | Path, config: SandboxConfig | dict | None = None):
+    def __init__(self, workspace: Workspace | str | Path, config: SandboxConfig | dict | None = None,
+                 mounts: dict[str, str | Path] | None = None):
         self.workspace = workspace if isinstance(workspace, Workspace) else Workspace(workspace)
         self.config = config if isinstance(config, SandboxConfig) else SandboxConfig(**(config or {}))
+        self.mounts = {str(k): str(v) for k, v in (mounts or {}).items()}
         self.isolated = self.config.isolation == "bwrap"
         if os.geteuid() == 0:
             _check_reachable_by_others(self.workspace.root)
@@ -151,28 +179,38 @@ class Sandbox:
             raise ValueError(f"a command is a non-empty list of strings, got {argv!r}")
         cfg = self.config
         argv = [_python() if a == "python3" and i == 0 else a for i, a in enumerate(argv)]
-        async with slots(cfg.max_concurrent) as slot:
-            uid = sandbox_uid(slot)
-            if uid is not None:
-                await reap_uid(uid)  # a process that had this pid before may have left some behind
-                chown_tree(self.workspace.root, uid)
-            full = self._limits(uid) + (self._bwrap(argv, uid) if self.isolated else argv)
-            started = time.perf_counter()
-            loop = asyncio.get_running_loop()
-            transport, output = await loop.subprocess_exec(
-                lambda: OutputCollector(cfg.max_output_bytes), *full,
-                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                cwd=self.workspace.root, env=self._env(), start_new_session=True,
-            )
+        async with slots(cfg.max_concurrent):
+            uid = await asyncio.to_thread(self.workspace.prepare)
+            group = CommandGroup.create(cfg.memory_mb << 20, cfg.max_processes)
+            filter_fd = seccomp.filter_fd() if self.isolated and seccomp.supported() else None
+            try:
+                full = group.enter() + self._limits(uid, group) + (self._bwrap(argv, filter_fd) if self.isolated
+                                                                    else argv)
+                started = time.perf_counter()
+                loop = asyncio.get_running_loop()
+                transport, output = await loop.subprocess_exec(
+                    lambda: OutputCollector(cfg.max_output_bytes), *full,
+                    stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=() if filter_fd is None else (filter_fd,),
+                    cwd=self.workspace.root, env=self._env(), start_new_session=True,
+                )
+            finally:
+                if filter_fd is not None:
+                    os.close(filter_fd)
             try:
                 killed = await self._wait(transport, output, stdin, timeout or cfg.timeout, uid)
             finally:
                 transport.close()
+                oom, peak = group.oom_killed(), group.peak_bytes()
+                await asyncio.to_thread(group.remove)
                 if uid is not None:
                     await reap_uid(uid)
             returncode = transport.get_returncode()
-        if killed is None and returncode is not None and returncode < 0:
+            if killed is None and not self.workspace.quota_mounted:
+                killed = await asyncio.to_thread(self._over_quota)
+        if oom and killed is None:
+            killed = "memory"
+        elif killed is None and returncode is not None and returncode < 0:
             killed = f"signal {signal.Signals(-returncode).name}"
         elif killed is None and self.isolated and returncode is not None and returncode > 128:
             # bubblewrap reports its child's death by signal N as exit status 128 + N
@@ -181,14 +219,20 @@ class Sandbox:
         return CommandResult(
             command=list(argv), returncode=returncode, stdout=output.text(1), stderr=output.text(2),
             duration=time.perf_counter() - started, killed=killed, isolated=self.isolated,
+            peak_memory_mb=None if peak is None else round(peak / 2**20, 1),
         )
 
     def run_sync(self, argv: list[str], **kwargs) -> CommandResult:
         """[`run`][multiagent_rl.sandbox.Sandbox.run] from synchronous code (not from inside a running event loop)."""
         return asyncio.run(self.run(argv, **kwargs))
 
+    def _over_quota(self) -> str | None:
+        cfg = self.config
+        size, entries = self.workspace.usage(limit=cfg.max_files + 1)
+        return "disk quota" if size > cfg.disk_mb << 20 or entries > cfg.max_files else None
+
     # -- building the command --------------------------------------------------------------
-    def _limits(self, uid: int | None) -> list[str]:
+    def _limits(self, uid: int | None, group: CommandGroup) -> list[str]:
         cfg = self.config
         nproc = cfg.max_processes + (0 if uid is not None else threads_of(os.getuid()))
         limits = ["prlimit", f"--cpu={cfg.cpu_seconds}", f"--as={cfg.memory_mb << 20}", f"--nproc={nproc}",
@@ -199,10 +243,12 @@ class Sandbox:
         # this uid into its own user namespace (no setuid binary involved).
         return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"] + limits
 
-    def _bwrap(self, argv: list[str], uid: int | None) -> list[str]:
+    def _bwrap(self, argv: list[str], filter_fd: int | None) -> list[str]:
         # --as-pid-1: no extra init process, so bubblewrap's only child is the command and it reaps it (an init
-        # outlives bubblewrap's exit as a zombie of the host's init, counted against the slot's process limit).
-        cmd = ["bwrap", "--unshare-all", "--as-pid-1", "--die-with-parent", "--new-session", "--clearenv",
+        # outlives bubblewrap's exit as a zombie of the host's init, counted against the process limit). It also
+        # makes the command the namespace's init, which its children cannot kill or stop.
+        cmd = ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--as-pid-1", "--die-with-parent",
+               "--new-session", "--clearenv",
                "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", SANDBOX_HOME,
                "--setenv", "LANG", "C.UTF-8",
                "--ro-bind", "/usr", "/usr"]
@@ -214,9 +260,16 @@ class Sandbox:
                 cmd += ["--ro-bind", str(host), str(host)]
         for path in [*_interpreter_binds(), *self.config.ro_binds]:
             cmd += ["--ro-bind", path, path]
-        cmd += ["--proc", "/proc", "--dev", "/dev", "--bind", str(self.workspace.root), SANDBOX_HOME,
-                "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", SANDBOX_HOME, "--"]
-        return cmd + argv
+        cmd += ["--proc", "/proc"]
+        for path in _KEYRING_FILES:  # the keyrings are not namespaced: not even their names are shown
+            cmd += ["--ro-bind", "/dev/null", path]
+        cmd += ["--dev", "/dev", "--bind", str(self.workspace.root), SANDBOX_HOME]
+        for inside, host in self.mounts.items():
+            cmd += ["--ro-bind", host, inside]
+        cmd += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", SANDBOX_HOME]
+        if filter_fd is not None:
+            cmd += ["--seccomp", str(filter_fd)]
+        return cmd + ["--"] + argv
 
     def _env(self) -> dict[str, str]:
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
@@ -237,9 +290,9 @@ class Sandbox:
         done, _ = await asyncio.wait([exited, capped], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         killed = None if exited in done else ("output" if capped in done else "timeout")
         if killed and uid is not None:
-            # The command first (everything of the slot's uid but bubblewrap itself), so that bubblewrap reaps its
-            # child and exits: killed first, it would leave its child a zombie for the host's init to reap, and
-            # zombies count against the slot's process limit.
+            # The command first (everything of the workspace's uid but bubblewrap itself), so that bubblewrap reaps
+            # its child and exits: killed first, it would leave its child a zombie for the host's init to reap, and
+            # zombies count against the uid's process limit.
             kill_uid(uid, spare=transport.get_pid())
             await asyncio.wait([exited], timeout=0.5)
         # Killing the process group takes bubblewrap down, and its namespace's processes with it; unisolated,
@@ -251,6 +304,9 @@ class Sandbox:
         # holds the pipes open is not waited for.
         await asyncio.wait([asyncio.ensure_future(output.closed.wait())], timeout=1.0)
         return killed
+
+
+_KEYRING_FILES = [p for p in ("/proc/keys", "/proc/key-users") if os.path.exists(p)]
 
 
 # -- host checks and helpers -------------------------------------------------------------------
@@ -269,13 +325,16 @@ def check_bwrap() -> None:
         raise SandboxUnavailable(f"cannot isolate tool commands: {', '.join(missing)} not found; {INSTALL_HINT}")
 
     probe = Sandbox.__new__(Sandbox)
-    probe.config, probe.isolated = SandboxConfig(), True
+    probe.config, probe.isolated, probe.mounts = SandboxConfig(), True, {}
     with tempfile.TemporaryDirectory() as tmp:
         os.chmod(tmp, 0o755)
         probe.workspace = Workspace(tmp)
-        uid = sandbox_uid(0)
-        argv = probe._limits(uid) + probe._bwrap(["true"], uid)
-        result = subprocess.run(argv, capture_output=True, text=True, env=probe._env(), cwd=tmp)
+        uid = probe.workspace.prepare()
+        try:
+            argv = probe._limits(uid, CommandGroup()) + probe._bwrap(["true"], None)
+            result = subprocess.run(argv, capture_output=True, text=True, env=probe._env(), cwd=tmp)
+        finally:
+            probe.workspace.cleanup()
     if result.returncode != 0:
         raise SandboxUnavailable(
             f"bubblewrap is installed but cannot start a sandbox here ({result.stderr.strip() or result.returncode}); "
@@ -297,7 +356,7 @@ def bwrap_available() -> bool:
 def _check_reachable_by_others(root: Path) -> None:
     """Run as root, commands drop to an unprivileged uid, which must be able to enter every folder above the
     workspace; a private parent (pytest's ``tmp_path``, a ``TMPDIR`` of mode 0700) would make every command fail."""
-    for folder in [root, *root.parents]:
+    for folder in root.parents:  # the workspace itself is set to 755 before every command
         if not folder.stat().st_mode & stat.S_IXOTH:
             raise SandboxUnavailable(
                 f"the workspace {root} is not reachable by the sandbox's unprivileged user: {folder} is mode "
@@ -331,3 +390,15 @@ def _interpreter_binds() -> list[str]:
     return [str(Path(sys.base_prefix).resolve())]
 
 
+
+
+def limits_table() -> str:
+    """The Markdown table of [`SandboxConfig`][multiagent_rl.sandbox.SandboxConfig]'s settings, their defaults and
+    what each bounds, as docs/agentic_judge.md shows it (a test keeps the two equal)."""
+    rows = ["| setting | default | what it bounds |", "|---|---|---|"]
+    for name, field in SandboxConfig.model_fields.items():
+        default = field.get_default(call_default_factory=True)
+        shown = "none" if default is None or default == [] else f"`{default}`"
+        about = " ".join((field.description or "").split()).replace("|", "\\|")
+        rows.append(f"| `{name}` | {shown} | {about} |")
+    return "\n".join(rows)

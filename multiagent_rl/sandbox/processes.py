@@ -1,23 +1,31 @@
-"""Process plumbing for the sandbox: output capture with a cap, per-slot uids, killing and reaping."""
+"""Process plumbing for the sandbox: output capture with a cap, sandbox uids, killing and reaping."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
 import os
+import secrets
 import signal
+import tempfile
 import time
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-UID_BASE = 2_000_000_000
-"""Root runs each concurrent sandbox as its own unprivileged uid, ``UID_BASE + SLOTS_PER_PROCESS × pid + slot``
-(no account needed): the kernel counts the process limit per uid, so one sandbox's fork bomb cannot starve
-another's processes, and the pid keeps two processes on one machine (the ranks of a multi-process run) from ever
-sharing, or reaping, each other's uids. Linux pids stay below 2**22, so every uid stays below 2**32 - 1."""
-SLOTS_PER_PROCESS = 512
+UID_BASE = 0x70000000
+"""Run as root, each workspace's commands run as an unprivileged uid of their own (no account needed), taken from a
+block of ``UID_BLOCK`` uids in ``[UID_BASE, 2**31 - 1)`` that this process draws at random and holds (262,143
+blocks, above the ranges systemd gives containers; bubblewrap refuses uids from 2**31 up). Uids, and the kernel's
+per-uid process counts, are shared by every container of a machine that does not remap users, and trainers in
+containers are often pid 1 of their own pid namespace, so the block cannot come from the pid: two trainers on one
+machine draw the same block with odds of 1 in 262,143, and a block is taken only when no process this one can see
+runs under it and no other process sharing this machine's temp folder holds its lock file."""
+UID_BLOCK = 1024
+_BLOCKS = (2**31 - 1 - UID_BASE) // UID_BLOCK
+LOCK_DIR = Path(tempfile.gettempdir()) / "multiagent_rl-uids"
 
 
 class OutputCollector(asyncio.SubprocessProtocol):
@@ -50,20 +58,64 @@ class OutputCollector(asyncio.SubprocessProtocol):
         return b"".join(self.chunks[fd]).decode("utf-8", errors="replace")
 
 
-def sandbox_uid(slot: int) -> int | None:
+class _UidBlock:
+    """This process's block of sandbox uids (see ``UID_BASE``); a forked child draws its own."""
+
+    def __init__(self):
+        self.pid = os.getpid()
+        LOCK_DIR.mkdir(mode=0o700, exist_ok=True)
+        for _ in range(64):
+            index = secrets.randbelow(_BLOCKS)
+            start = UID_BASE + index * UID_BLOCK
+            lock = self._lock(index)
+            if lock is not None and not _in_use(start, start + UID_BLOCK):
+                self.lock, self.start = lock, start
+                self.free = list(range(start, start + UID_BLOCK))
+                return
+            if lock is not None:
+                os.close(lock)
+        raise RuntimeError("no free block of sandbox uids found in 64 random draws")
+
+    @staticmethod
+    def _lock(index: int) -> int | None:
+        fd = os.open(LOCK_DIR / f"{index}.lock", os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        return fd
+
+
+_block: _UidBlock | None = None
+
+
+def allocate_uid() -> int | None:
+    """A uid no other workspace of this machine uses (None unless root: commands then run as this user)."""
+    global _block
     if os.geteuid() != 0:
         return None
-    return UID_BASE + SLOTS_PER_PROCESS * (os.getpid() % 2**22) + slot
+    if _block is None or _block.pid != os.getpid():
+        _block = _UidBlock()
+    if not _block.free:
+        raise RuntimeError(f"all {UID_BLOCK} sandbox uids of this process are in use: clean up workspaces "
+                           "(Workspace.cleanup, or use them as context managers)")
+    uid = _block.free.pop(0)
+    kill_uid(uid)  # nothing should run under it; if something does, it is not ours to keep
+    return uid
 
 
-def chown_tree(root: Path, uid: int) -> None:
-    """Hand the workspace to this call's sandbox uid (a previous call may have run as another slot's uid)."""
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in [dirpath, *(os.path.join(dirpath, n) for n in dirnames + filenames)]:
-            try:
-                os.lchown(name, uid, uid)
-            except FileNotFoundError:
-                pass
+def release_uid(uid: int | None) -> None:
+    """Kill whatever still runs as ``uid`` and give the uid back to this process's block."""
+    if uid is None:
+        return
+    kill_uid(uid)
+    if _block is not None and _block.pid == os.getpid() and _block.start <= uid < _block.start + UID_BLOCK:
+        _block.free.append(uid)
+
+
+def _in_use(start: int, stop: int) -> bool:
+    return any(start <= (owner(pid) or 0) < stop for pid in os.listdir("/proc") if pid.isdigit())
 
 
 def threads_of(uid: int) -> int:
@@ -77,15 +129,15 @@ def threads_of(uid: int) -> int:
 
 
 async def reap_uid(uid: int, patience: float = 2.0) -> None:
-    """Kill whatever still runs as a slot's uid and wait until it is gone, so that the next command in the slot
-    gets the whole process budget (a pid namespace's processes die with it, but asynchronously)."""
+    """Kill whatever still runs as ``uid`` and wait until it is gone (a pid namespace's processes die with it, but
+    asynchronously)."""
     deadline = time.monotonic() + patience
     while time.monotonic() < deadline:
         if not kill_uid(uid):
             return
         await asyncio.sleep(0.01)
     logger.warning("processes of sandbox uid %d outlived their command by %.0f s (unreaped zombies?); the next "
-                 "command in this slot starts with part of its process budget used", uid, patience)
+                   "command of this workspace starts with part of its process budget used", uid, patience)
 
 
 def kill_uid(uid: int, spare: int | None = None) -> int:
@@ -112,37 +164,17 @@ def kill_group(pid: int) -> None:
 
 
 class SlotPool:
-    """A per-process pool of sandbox slots: bounds concurrency and gives each running command its own uid."""
+    """Bounds how many commands run at once in this process (per event loop)."""
 
     def __init__(self):
-        self.free: list[int] | None = None
-        self.cond: asyncio.Condition | None = None
+        self.semaphore: asyncio.Semaphore | None = None
         self.loop = None
 
-    def __call__(self, size: int | None):
-        return Slot(self, size or os.cpu_count() or 1)
-
-
-class Slot:
-    def __init__(self, pool: SlotPool, size: int):
-        self.pool, self.size, self.slot = pool, size, None
-
-    async def __aenter__(self) -> int:
-        pool, loop = self.pool, asyncio.get_running_loop()
-        if pool.loop is not loop:  # a fresh event loop (asyncio.run in a script) gets a fresh pool
-            pool.loop, pool.cond, pool.free = loop, asyncio.Condition(), None
-        async with pool.cond:
-            if pool.free is None:
-                pool.free = list(range(self.size))
-            await pool.cond.wait_for(lambda: pool.free)
-            self.slot = pool.free.pop(0)
-        return self.slot
-
-    async def __aexit__(self, *exc) -> None:
-        pool = self.pool
-        async with pool.cond:
-            pool.free.append(self.slot)
-            pool.cond.notify()
+    def __call__(self, size: int | None) -> asyncio.Semaphore:
+        loop = asyncio.get_running_loop()
+        if self.loop is not loop:  # a fresh event loop (asyncio.run in a script) gets a fresh pool
+            self.loop, self.semaphore = loop, asyncio.Semaphore(size or os.cpu_count() or 1)
+        return self.semaphore
 
 
 slots = SlotPool()
