@@ -53,6 +53,9 @@ class Env:
     default_roles: dict[str, dict[str, Any]] = {}
     """Per role, the ``[env.roles.<role>]`` binding used when the config gives none (e.g. a scripted, untrained
     simulated user); roles not listed play the policy and are trained."""
+    reward_ranges: dict[str, tuple[float, float]] = {}
+    """Per reward name, the inclusive range its values must lie in (e.g. ``{"tests": (0.0, 1.0)}``): a recorded
+    value outside fails the episode, with the reason in its errors, instead of being trained on."""
     default_harness: dict[str, dict[str, Any]] = {}
     """Per role, the harness used when the config's ``[env.roles.<role>] harness`` is not set (e.g.
     ``{"judge": {"id": "tools"}}``); roles not listed converse with the plain chat harness."""
@@ -122,7 +125,7 @@ class Env:
             started = time.perf_counter()
             self.finalize(task, episode)
             _warn_if_blocking(name, time.perf_counter() - started, "finalize()")
-            problems = [p for t in episode.traces if (p := t.reward_problem())]
+            problems = [p for t in episode.traces if (p := t.reward_problem(self.reward_ranges))]
             if problems:
                 raise ValueError("; ".join(problems))
         except Exception as exc:  # one broken episode is recorded, never fatal to the run

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from numbers import Real
 from typing import Any, Literal
 
@@ -197,11 +198,16 @@ class Trace:
                 )
         self.rewards.append(RewardRecord(name, float(value), float(weight)))
 
-    def reward_problem(self) -> str | None:
-        """Why this trace's rewards cannot be trained on (a non-finite record), or None."""
+    def reward_problem(self, ranges: Mapping[str, tuple[float, float]] | None = None) -> str | None:
+        """Why this trace's rewards cannot be trained on (a non-finite record, or a value outside its declared
+        range in ``ranges``, reward name -> inclusive (low, high)), or None."""
         for r in self.rewards:
             if not (math.isfinite(r.value) and math.isfinite(r.weight)):
                 return f"role {self.role!r}: reward {r.name!r} is {r.value} (weight {r.weight}), not a finite number"
+            low, high = (ranges or {}).get(r.name, (-math.inf, math.inf))
+            if not low <= r.value <= high:
+                return (f"role {self.role!r}: reward {r.name!r} is {r.value:g}, outside its declared range "
+                        f"[{low:g}, {high:g}] (the env's reward_ranges): not trained on")
         return None
 
     # -- serialisation --------------------------------------------------------------------

@@ -5,9 +5,9 @@ import random
 import pytest
 
 import multiagent_rl as mrl
-from multiagent_rl.envs.agentic_judge import (LETTERS, AgenticJudgeEnv, code_solver, examples_judge,
+from multiagent_rl.envs.agentic_judge import (ATTACKS, LETTERS, AgenticJudgeEnv, code_solver, examples_judge,
                                               labelled_solver)
-from multiagent_rl.games.code_tasks import CODE_TASKS, run_tests_locally
+from multiagent_rl.envs.agentic_judge.tasks import CODE_TASKS, run_tests_locally
 from multiagent_rl.rubric import Criterion, Rubric, VerdictError
 from multiagent_rl.sandbox import bwrap_available
 from multiagent_rl.task import Task, TaskData
@@ -99,7 +99,7 @@ def test_the_judge_reads_the_solver_transcript_and_uses_tools_in_the_sandbox():
     prompt = judge.messages[0]["content"]
     assert "clamp(5, 0, 3) == 3" in prompt and "[assistant]" in prompt and '"verdicts"' in prompt
     (call,) = judge.info["tool_calls"]
-    assert call["name"] == "run_python" and call["ok"] and call["isolated"] is True
+    assert call["name"] == "check_examples" and call["ok"] and call["isolated"] is True
     assert [s.kind for s in judge.segments] == ["prompt", "action", "observation", "action"]
     assert not judge.trainable and not judge.rewards  # frozen by default: no reward needed
 
@@ -138,24 +138,113 @@ def test_write_mode_runs_model_code_and_checks_the_examples_in_the_sandbox():
     assert m["correct"] == 0.0 and m["judged_pass"] == 0.0
 
 
-ATTACK_SOLUTIONS = {
-    "read secrets": "print(open('/etc/shadow').read())\ndef clamp(x, low, high):\n    return min(max(x, low), high)\n",
-    "fake test results": "import sys\nprint(sys.stdin.read())\nprint('RESULTS:{\"test_inside\": true}')\n",
-    "fork bomb": "import os\nwhile True:\n    os.fork()\n",
-    "infinite loop": "while True:\n    pass\n",
-}
+def workspaces_left() -> set[str]:
+    import tempfile
+    from pathlib import Path
+
+    return {p.name for p in Path(tempfile.gettempdir()).glob("*") if p.name.startswith(("judge-", "truth-"))}
 
 
-def test_attacks_in_the_solvers_code_are_stopped_and_the_episodes_go_on():
-    env = AgenticJudgeEnv(tasks=["clamp"], solver_mode="write",
-                          sandbox={"timeout": 3, "cpu_seconds": 2, "max_processes": 16})
-    for name, source in ATTACK_SOLUTIONS.items():
-        (ep,) = play(env, code_solver(source))
-        assert ep.ok, (name, ep.errors)
-        solver = ep.by_role("solver")[0]
-        # no secret, no fake result, no runaway process: every attack just fails the tests and the examples
-        assert solver.metrics["tests"] == 0.0 and solver.metrics["correct"] == 0.0, name
-        assert solver.metrics["judged_pass"] == 0.0, name
+@pytest.mark.parametrize("attack", sorted(ATTACKS))
+def test_every_attack_in_a_solution_is_penalised_recorded_and_leaves_nothing_behind(attack):
+    """Write mode, the scripted examples judge: each attack ends as a finished episode with tests 0, ground truth 0,
+    judged incorrect and rewards in range, or a recorded error; no workspace, mount or process is left."""
+    env = AgenticJudgeEnv(tasks=["clamp"], solver_mode="write", call_timeout=1.0, solver_tokens=8192,
+                          sandbox={"timeout": 4, "cpu_seconds": 2, "max_processes": 16, "memory_mb": 512})
+    before = workspaces_left()
+    source = ATTACKS[attack].replace("FUNCTION", "clamp")
+    (ep,) = play(env, code_solver(source))
+    assert ep.ok, ep.errors
+    solver = ep.by_role("solver")[0]
+    assert source in solver.last_reply  # the whole attack ran, not a cut-off reply
+    m = solver.metrics
+    assert (m["tests"], m["correct"], m["judged_pass"]) == (0.0, 0.0, 0.0), (attack, solver.info)
+    assert all(0.0 <= r.value <= 1.0 for r in solver.rewards) and solver.reward == 0.0
+    assert workspaces_left() <= before
+    assert "judge-" not in open("/proc/mounts").read() and "truth-" not in open("/proc/mounts").read()
+
+
+def test_the_sandboxed_grader_agrees_with_running_the_tests_locally_on_every_candidate():
+    """The oracle: the built-in candidates (trusted code) run in this process, test by test and example by example;
+    the grader, with the function in a process of its own and only plain data crossing, must give the same."""
+    import asyncio
+
+    from multiagent_rl.envs.agentic_judge.grading import grade
+    from multiagent_rl.envs.agentic_judge.tasks import check_examples_locally
+    from multiagent_rl.sandbox import Sandbox, SandboxConfig
+
+    config = SandboxConfig()
+
+    async def both(task, source):
+        with config.workspace() as ws:
+            ws.write("solution.py", source)
+            sandbox = Sandbox(ws, config)
+            return await grade(sandbox, task, "tests"), await grade(sandbox, task, "examples")
+
+    async def main():
+        for task in CODE_TASKS:
+            for candidate in task.candidates:
+                tests, examples = await both(task, candidate.source)
+                assert tests.complete and tests.passed == run_tests_locally(task, candidate.source), task.id
+                assert examples.complete and examples.passed == check_examples_locally(task, candidate.source)
+                assert examples.all_passed == candidate.correct, (task.id, candidate.note)
+
+    asyncio.run(main())
+
+
+def test_a_fifo_and_forged_names_in_the_workspace_cannot_freeze_or_fool_the_judges_tools():
+    solution = ATTACKS["replace solution.py by a FIFO"] + "open('x\\nsolution.py', 'w').close()\n"
+    env = AgenticJudgeEnv(tasks=["clamp"], solver_mode="write", call_timeout=1.0, sandbox={"timeout": 4},
+                          solver_tokens=8192)
+    reads = [tool_call_text("read_file", path="solution.py"), tool_call_text("list_files"),
+             tool_call_text("read_file", path="/task/test_solution.py")]
+
+    def judge(turn):
+        done = sum(m["role"] == "tool" for m in turn.messages)
+        return reads[done] if done < len(reads) else turn.state["rubric"].verdict_text({"correctness": "incorrect"})
+
+    (ep,) = play(env, code_solver(solution.replace("FUNCTION", "clamp")),
+                 judge=seat(judge, harness={"id": "tools", "max_tool_rounds": 5, "max_tool_calls_per_reply": 1}))
+    assert ep.ok, ep.errors
+    fifo, listing, tests = ep.by_role("judge")[0].info["tool_calls"]
+    assert not fifo["ok"] and "not a regular file" in fifo["error"] and fifo["seconds"] < 2
+    tool_results = [m["content"] for m in ep.by_role("judge")[0].messages if m["role"] == "tool"]
+    assert repr("x\nsolution.py") in tool_results[1] and "/task/SPEC.md" in tool_results[1]
+    assert "def test_inside" in tool_results[2]
+
+
+def test_what_a_solution_plants_does_not_run_in_the_judges_python():
+    """usercustomize, sitecustomize and a module named like the standard library's, planted while the tests ran,
+    do not run in the judge's run_python (isolated mode) and do not shadow the standard library."""
+    planted = (ATTACKS["plant usercustomize and sitecustomize"] + ATTACKS["shadow a standard module"]).replace(
+        "FUNCTION", "clamp")
+    env = AgenticJudgeEnv(tasks=["clamp"], solver_mode="write", solver_tokens=8192)
+    program = "import json\nfrom solution import clamp\nprint(json.dumps([1, 2]), clamp(5, 0, 3))"
+
+    def judge(turn):
+        if not any(m["role"] == "tool" for m in turn.messages):
+            return tool_call_text("run_python", code=program)
+        return turn.state["rubric"].verdict_text({"correctness": "incorrect"})
+
+    (ep,) = play(env, code_solver(planted), judge=seat(judge, harness={"id": "tools"}))
+    (call,) = ep.by_role("judge")[0].info["tool_calls"]
+    shown = [m["content"] for m in ep.by_role("judge")[0].messages if m["role"] == "tool"][0]
+    assert call["ok"] and "[1, 2] None" in shown, shown
+
+
+def test_a_reward_outside_the_envs_declared_range_fails_the_episode():
+    class Forged(mrl.Env):
+        roles = ("agent",)
+        reward_ranges = {"tests": (0.0, 1.0)}
+
+        async def run(self, task, agents):
+            trace = await agents["agent"].run(task)
+            trace.add_reward("tests", 12.75)
+
+    agents = {"agent": seat(lambda turn: "hi")}
+    (ep,) = mrl.run_sync(mrl.play_episodes(Forged(), [Task(TaskData(prompt="x"))], agents, trainable={"agent": True}))
+    assert not ep.ok and "outside its declared range [0, 1]" in ep.errors[0] and "'tests' is 12.75" in ep.errors[0]
+    assert AgenticJudgeEnv.reward_ranges == {"tests": (0.0, 1.0), "judge": (0.0, 1.0), "agreement": (0.0, 1.0)}
 
 
 def attacking_judge():

@@ -14,8 +14,8 @@ from collections import Counter
 
 import pytest
 
-from multiagent_rl.games import code_tasks as ct
-from multiagent_rl.games.code_tasks import (
+from multiagent_rl.envs.agentic_judge import tasks as ct
+from multiagent_rl.envs.agentic_judge.tasks import (
     CODE_TASKS,
     CodeTask,
     check_examples_locally,

@@ -1,12 +1,12 @@
 """Small Python function tasks with labelled unit tests and labelled candidates, for an agentic judge.
 
-Each [`CodeTask`][multiagent_rl.games.code_tasks.CodeTask] is an everyday function (clamp, run-length encoding, Roman
+Each [`CodeTask`][multiagent_rl.envs.agentic_judge.tasks.CodeTask] is an everyday function (clamp, run-length encoding, Roman
 numerals, ...) given by a short spec and a few examples. The examples are part of the spec and are authoritative: the
 spec and its examples decide what is correct, never the tests. A solver picks or writes an implementation, the unit
 tests give a task reward, and a judge that reads the spec and runs code may overrule the tests.
 
 The tests are not all trustworthy. In the *tricky* tasks
-([`CodeTask.tricky`][multiagent_rl.games.code_tasks.CodeTask.tricky]) exactly one test is labelled ``"wrong"`` (its
+([`CodeTask.tricky`][multiagent_rl.envs.agentic_judge.tasks.CodeTask.tricky]) exactly one test is labelled ``"wrong"`` (its
 expected value contradicts the spec) or ``"overspecified"`` (it demands something the spec leaves free: a return type,
 an exception type, key order, behaviour on an input the spec does not cover). Each tricky task also has an incorrect
 candidate written to fit that test: it passes every test of the task yet fails an example, the case where unit tests
@@ -14,12 +14,12 @@ alone reward a wrong solution and only a judge that checks the spec can catch it
 
 Everything carries ground truth: ``CodeTest.label`` for tests, ``Candidate.correct`` for candidates
 (correct means it meets the spec and examples, whatever the tests say).
-[`run_tests_locally`][multiagent_rl.games.code_tasks.run_tests_locally] and
-[`check_examples_locally`][multiagent_rl.games.code_tasks.check_examples_locally] execute the built-in code in this
+[`run_tests_locally`][multiagent_rl.envs.agentic_judge.tasks.run_tests_locally] and
+[`check_examples_locally`][multiagent_rl.envs.agentic_judge.tasks.check_examples_locally] execute the built-in code in this
 process to verify those labels; they are for this trusted set only, never for model-written code.
 
-The set itself is data, ``multiagent_rl/assets/code_tasks.toml``;
-[`load_code_tasks`][multiagent_rl.games.code_tasks.load_code_tasks] reads that file or your own in the same format.
+The set itself is data, ``multiagent_rl/envs/agentic_judge/tasks.toml``;
+[`load_code_tasks`][multiagent_rl.envs.agentic_judge.tasks.load_code_tasks] reads that file or your own in the same format.
 
 ```pycon
 >>> task = code_task("clamp")
@@ -41,6 +41,8 @@ import tomllib
 from dataclasses import dataclass
 from importlib import resources
 from typing import Literal
+
+from .in_sandbox.codec import same
 
 TestLabel = Literal["valid", "wrong", "overspecified"]
 """A test's ground truth: ``valid`` agrees with the spec; ``wrong`` contradicts it; ``overspecified`` demands
@@ -88,14 +90,14 @@ class CodeTask:
 
 
 def load_code_tasks(path=None) -> tuple[CodeTask, ...]:
-    """Read a task set from a TOML file (default: the built-in ``assets/code_tasks.toml``).
+    """Read a task set from a TOML file (default: the built-in ``tasks.toml`` next to this module).
 
     Each ``[[task]]`` has ``id``, ``function``, ``spec``, ``examples`` (``[call, expected literal]`` pairs), then
     ``[[task.test]]`` tables (``source``; ``label`` and ``why`` when not valid) and ``[[task.candidate]]`` tables
     (``source``, ``correct``, ``note``). A test's name is read from its source, so the two never disagree.
     """
     if path is None:
-        text = resources.files("multiagent_rl").joinpath("assets/code_tasks.toml").read_text()
+        text = resources.files(__package__).joinpath("tasks.toml").read_text()
     else:
         with open(path, encoding="utf-8") as f:
             text = f.read()
@@ -155,9 +157,10 @@ def run_tests_locally(task: CodeTask, candidate_source: str) -> dict[str, bool]:
 
 
 def check_examples_locally(task: CodeTask, candidate_source: str) -> dict[str, bool]:
-    """``{call expression: result == expected}`` for each of ``task``'s examples; an exception counts as False.
+    """``{call expression: result equals expected in type and value}`` for each of ``task``'s examples (``2.0`` does not
+    meet ``2``); an exception counts as False.
 
-    Like [`run_tests_locally`][multiagent_rl.games.code_tasks.run_tests_locally] this executes the code in this process,
+    Like [`run_tests_locally`][multiagent_rl.envs.agentic_judge.tasks.run_tests_locally] this executes the code in this process,
     for trusted built-in code only. Each example is evaluated in a fresh namespace holding just the candidate's
     definitions.
     """
@@ -166,7 +169,13 @@ def check_examples_locally(task: CodeTask, candidate_source: str) -> dict[str, b
         namespace: dict = {}
         try:
             exec(candidate_source, namespace)  # noqa: S102 - trusted built-in code, see the docstring
-            results[call] = bool(eval(call, namespace) == ast.literal_eval(expected))
+            results[call] = same(eval(call, namespace), ast.literal_eval(expected))
         except Exception:  # noqa: BLE001 - an example that raises is simply not met
             results[call] = False
     return results
+
+
+def spec_text(task: CodeTask) -> str:
+    """The spec and its authoritative examples, as solvers and judges read them."""
+    examples = "\n".join(f"{call} == {expected}" for call, expected in task.examples)
+    return f"{task.spec}\nExamples (authoritative):\n{examples}"
