@@ -2,6 +2,7 @@
 
     python recipes/agentic_judge.py                    # reward = the judge's verdict (tiny model, CPU, ~5 min)
     python recipes/agentic_judge.py --reward tests     # the baseline: reward = share of unit tests passed
+    python recipes/agentic_judge.py --solver hostile --steps 4   # attacks instead of code: does everything hold?
 
 The solver picks one of a task's candidate implementations (``AgenticJudgeEnv(solver_mode="choose")``: its one
 free token is a letter, through the legal-action harness) and is trained with GRPO. Every episode runs the
@@ -17,6 +18,13 @@ Outputs in ``--output-dir``: ``summary.json``, ``judge.png``, the episodes, the 
 
 ``--judge-model vllm:http://HOST:8000/v1#MODEL`` puts a served model in the judge's seat (the tools harness
 drives it token by token, so a vLLM server; see docs/agentic_judge.md); the default is the scripted judge.
+
+``--solver hostile`` replaces the solver by a scripted one that writes attacks instead of code (every attack of
+``multiagent_rl.envs.agentic_judge.ATTACKS`` in turn: forged grades, FIFOs, deep trees, memory and disk hogs, fork
+bombs, ...), in write mode, judged by the scripted judge; nothing is trained (a tool-using judge's prompt does not fit
+the tiny model's 2,048 positions): a run that checks the sandbox and the grading hold through every step. Its summary
+counts, per attack, the episodes, their errors and rewards, and what was left on the machine (workspaces, mounts,
+control groups).
 """
 
 from __future__ import annotations
@@ -37,6 +45,8 @@ METRICS = ("judged_pass", "correct", "fooled_tests", "tests_pass", "judge_score"
 def experiment(args) -> ExperimentConfig:
     weights = {"task_weight": 0.0, "judge_weight": 1.0} if args.reward == "judge" else \
         {"task_weight": 1.0, "judge_weight": 0.0}
+    if args.solver == "hostile":
+        return hostile_experiment(args, weights)
     if args.judge_model == "scripted":
         judge = {"model": "scripted", "policy": "multiagent_rl.envs.agentic_judge:examples_judge"}
     else:
@@ -53,6 +63,65 @@ def experiment(args) -> ExperimentConfig:
             "max_completion_length": 4, "save_strategy": "no",
         },
     })
+
+
+def hostile_experiment(args, weights: dict) -> ExperimentConfig:
+    """Write mode; the solver attacks (scripted) and the judge is the scripted examples judge: nothing is trained
+    (the tiny model's 2,048 positions cannot hold a tool-using judge's prompt), the run checks that the sandbox and
+    the grading hold through every step. Short limits keep the hanging attacks cheap."""
+    env_args = {"solver_mode": "write", **weights, "solver_tokens": 8192, "call_timeout": 1.0,
+                "sandbox": {"timeout": 4, "cpu_seconds": 2, "memory_mb": 512, "max_processes": 16}}
+    return ExperimentConfig.model_validate({
+        "model": {"name": args.model},
+        "algo": {"type": "grpo"},
+        "env": [{"id": "agentic_judge", "args": env_args, "group_size": args.group_size,
+                 "roles": {"solver": {"model": "scripted", "policy": "multiagent_rl.envs.agentic_judge:hostile_solver",
+                                      "trainable": False},
+                           "judge": {"model": "scripted", "policy": "multiagent_rl.envs.agentic_judge:examples_judge",
+                                     "trainable": False}}}],
+        "trainer": {
+            "output_dir": args.output_dir, "max_steps": args.steps, "learning_rate": args.lr,
+            "lr_scheduler_type": "constant", "groups_per_step": args.groups_per_step, "seed": args.seed,
+            "report_to": args.report_to, "logging_steps": args.log_every, "disable_tqdm": False,
+            "max_completion_length": 4, "save_strategy": "no",
+        },
+    })
+
+
+def attack_report(output_dir: str) -> dict:
+    """Per attack of a ``--solver hostile`` run, read back from its traces: episodes, failed episodes (with their
+    errors), and the highest tests share, ground truth, judged pass and reward the solver got (ground truth and
+    judged pass should be 0; a function that returns None meets the tests and examples that expect a falsy value or
+    None, which the tests share and the judge's partial verdicts show); and what the run left on the machine."""
+    import tempfile
+    from pathlib import Path
+
+    from multiagent_rl.sandbox import cgroups
+    from multiagent_rl.trace_dataset import dataset_to_episodes, load_traces
+
+    rows: dict[str, dict] = {}
+    for _, ep in dataset_to_episodes(load_traces(Path(output_dir, "traces"))):
+        solvers = ep.by_role("solver")
+        reply = solvers[0].last_reply if solvers else ""
+        name = reply.split("# attack: ", 1)[1].split("\n", 1)[0] if "# attack: " in reply else "unknown"
+        row = rows.setdefault(name, {"episodes": 0, "failed": 0, "tests": 0.0, "correct": 0.0, "judged_pass": 0.0,
+                                     "reward": 0.0, "errors": []})
+        row["episodes"] += 1
+        if not ep.ok or not solvers:
+            row["failed"] += 1
+            row["errors"] = sorted(set(row["errors"]) | {ep.errors[0].splitlines()[0][:160]})
+            continue
+        for key in ("tests", "correct", "judged_pass"):
+            row[key] = max(row[key], solvers[0].metrics.get(key, 0.0))
+        row["reward"] = max(row["reward"], solvers[0].reward)
+    support = cgroups.support()
+    left = {
+        "workspaces": sorted(p.name for p in Path(tempfile.gettempdir()).glob("*")
+                             if p.name.startswith(("judge-", "truth-"))),
+        "mounts": [line.split()[1] for line in open("/proc/mounts") if "/judge-" in line or "/truth-" in line],
+        "control_groups": [] if support.memory is None else sorted(p.name for p in support.memory.glob("cmd-*")),
+    }
+    return {"attacks": dict(sorted(rows.items())), "left_on_the_machine": left}
 
 
 def curves(log_history: list[dict]) -> list[dict]:
@@ -100,6 +169,9 @@ def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="tiny")
     p.add_argument("--reward", choices=("judge", "tests"), default="judge")
+    p.add_argument("--solver", choices=("policy", "hostile"), default="policy",
+                   help="'hostile': a scripted solver writes attacks instead of code (write mode), the scripted judge "
+                        "judges them, nothing is trained: a check that the sandbox and the grading hold in a run")
     p.add_argument("--judge-model", default="scripted",
                    help="'scripted' (examples_judge) or a served model, e.g. vllm:http://HOST:8000/v1#MODEL")
     p.add_argument("--steps", type=int, default=120)
@@ -121,6 +193,8 @@ def main(argv=None) -> dict:
         "reward": args.reward, "steps": trainer.state.global_step, "interrupted": interrupted is not None,
         **summarize(rows, args.start_logs), "curves": rows,
     }
+    if args.solver == "hostile":
+        summary.update(attack_report(args.output_dir))
     finish(trainer, summary, lambda path: plot(rows, path, f"solver rewarded by the {args.reward}, seed {args.seed}"),
            "judge.png", interrupted)
     return summary

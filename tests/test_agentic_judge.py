@@ -301,3 +301,22 @@ def test_sampled_tasks_cover_the_set_and_config_refuses_nonsense():
         AgenticJudgeEnv(task_weight=0, judge_weight=0)
     with pytest.raises(KeyError, match="valid ids"):
         AgenticJudgeEnv(tasks=["nope"])
+
+
+def test_a_hostile_solver_run_of_the_recipe_finishes_with_every_attack_recorded_and_nothing_left(tmp_path):
+    """`recipes/agentic_judge.py --solver hostile`: every attack of ATTACKS played (28 episodes, in turn), none
+    judged correct, true or crashing the run, and no workspace, mount or control group left behind."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "recipes"))
+    import agentic_judge as recipe
+
+    summary = recipe.main(["--solver", "hostile", "--steps", "1", "--group-size", "4", "--groups-per-step", "7",
+                           "--output-dir", str(tmp_path / "run")])
+    attacks = summary["attacks"]
+    assert set(attacks) == set(ATTACKS) and sum(a["episodes"] for a in attacks.values()) == 28
+    for name, row in attacks.items():  # a None-returning function may meet an example that expects None: < 1
+        assert row["correct"] == 0.0 and row["judged_pass"] == 0.0 and row["reward"] < 1.0, (name, row)
+        assert row["failed"] == 0, (name, row["errors"])
+    assert summary["left_on_the_machine"] == {"workspaces": [], "mounts": [], "control_groups": []}

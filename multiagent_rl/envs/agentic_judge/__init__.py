@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import random
 import re
 import string
@@ -75,7 +76,7 @@ class AgenticJudgeEnv(Env):
     def __init__(self, tasks: list[str] | None = None, solver_mode: str = "choose", task_weight: float = 0.0,
                  judge_weight: float = 1.0, rubric: dict | Rubric | None = None,
                  sandbox: dict | SandboxConfig | None = None, solver_tokens: int = 512, judge_tokens: int = 1024,
-                 call_timeout: float = CALL_TIMEOUT):
+                 call_timeout: float = CALL_TIMEOUT, transcript_chars: int = 4000):
         if solver_mode not in ("choose", "write"):
             raise ValueError(f"solver_mode={solver_mode!r}: 'choose' (pick a candidate) or 'write' (write the code)")
         if task_weight < 0 or judge_weight < 0 or task_weight + judge_weight == 0:
@@ -87,6 +88,7 @@ class AgenticJudgeEnv(Env):
         self.rubric = rubric if isinstance(rubric, Rubric) else (Rubric(**rubric) if rubric else Rubric.default())
         self.sandbox_config = sandbox if isinstance(sandbox, SandboxConfig) else SandboxConfig(**(sandbox or {}))
         self.solver_tokens, self.judge_tokens, self.call_timeout = solver_tokens, judge_tokens, call_timeout
+        self.transcript_chars = transcript_chars
 
     def sample_tasks(self, num: int, rng: random.Random) -> list[Task]:
         chosen = [rng.choice(self.tasks) for _ in range(num)]
@@ -138,7 +140,7 @@ class AgenticJudgeEnv(Env):
 
     # -- the judge -------------------------------------------------------------------------------
     async def _judge(self, seat, code: CodeTask, solver, ws: Workspace, sandbox: Sandbox, truth: bool):
-        prompt = judge_prompt(code, solver.messages, self.rubric)
+        prompt = judge_prompt(code, solver.messages, self.rubric, self.transcript_chars)
         state = {"task_id": code.id, "examples": code.examples, "rubric": self.rubric}
         tools = judge_tools(ws, sandbox, code, self.call_timeout)
         async with seat.interaction(Task(TaskData(prompt=prompt)), tools=tools, max_new_tokens=self.judge_tokens) as it:
@@ -163,8 +165,14 @@ class AgenticJudgeEnv(Env):
         return trace, score
 
 
-def judge_prompt(code: CodeTask, transcript: list[dict[str, Any]], rubric: Rubric) -> str:
-    shown = "\n".join(f"[{m['role']}] {m['content']}" for m in transcript if m["role"] != "system")
+def judge_prompt(code: CodeTask, transcript: list[dict[str, Any]], rubric: Rubric, max_chars: int = 4000) -> str:
+    """The judge's first message: the spec, the solver's transcript (each message cut to ``max_chars``: the code is
+    in the workspace), what the workspace holds, and the rubric."""
+
+    def cut(text: str) -> str:
+        return text if len(text) <= max_chars else text[:max_chars] + f"\n[... {len(text) - max_chars} characters cut]"
+
+    shown = "\n".join(f"[{m['role']}] {cut(m['content'])}" for m in transcript if m["role"] != "system")
     return (f"You judge a solver's work.\nThe task:\n{spec_text(code)}\nThe solver's transcript:\n{shown}\n"
             "The workspace holds solution.py (the solver's code). The task's files are read-only: /task/SPEC.md, "
             "/task/examples.json and /task/test_solution.py (unit tests, which may be wrong or demand more than the "
@@ -270,11 +278,14 @@ def examples_judge():
 
 def hostile_solver():
     """Writes, task after task, a solution that attacks the host or its grade instead of solving anything (write
-    mode): every attack of ``ATTACKS`` in turn, for runs that check the sandbox and the grading hold."""
+    mode): the attacks of ``ATTACKS`` in turn, each named in the code's first line (``# attack: NAME``), for runs
+    that check the sandbox and the grading hold."""
+
+    names, turns = sorted(ATTACKS), itertools.count()
 
     def act(turn) -> str:
-        name = sorted(ATTACKS)[turn.rng.randrange(len(ATTACKS))]
-        return f"```python\n{ATTACKS[name].replace('FUNCTION', turn.state['function'])}```"
+        name = names[next(turns) % len(names)]
+        return f"```python\n# attack: {name}\n{ATTACKS[name].replace('FUNCTION', turn.state['function'])}```"
 
     return act
 

@@ -175,7 +175,7 @@ def run_check(task, check, solution):
     call, expected = check
     got = eval(compile(call, "example", "eval"), {"__builtins__": builtins, function: proxy})
     want = ast.literal_eval(expected)
-    if not same(got, want):
+    if not same(got, want):  # noqa: F821 - prepended from codec.py
         raise AssertionError("got %r, expected %s" % (got, expected))
     return True
 
