@@ -13,7 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
-from multiagent_rl.trace_dataset import load_traces
+from multiagent_rl.data.traces import load_traces
 
 
 def breakdown(run: Path) -> dict[str, dict[str, float]]:

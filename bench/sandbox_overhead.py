@@ -15,7 +15,7 @@ from pathlib import Path
 
 from multiagent_rl.envs.agentic_judge.grading import grade
 from multiagent_rl.envs.agentic_judge.tasks import code_task
-from multiagent_rl.sandbox import Sandbox, SandboxConfig, cgroups
+from multiagent_rl.tools.sandbox import Sandbox, SandboxConfig, cgroups
 
 COMMANDS = {"true": ["true"], "python3 -c pass": ["python3", "-c", "pass"]}
 

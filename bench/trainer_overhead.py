@@ -36,12 +36,12 @@ from datasets import Dataset  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from multiagent_rl.algorithms import build_algorithm  # noqa: E402
-from multiagent_rl.env import SingleAgentEnv  # noqa: E402
-from multiagent_rl.episode import Episode  # noqa: E402
+from multiagent_rl.envs.base import SingleAgentEnv  # noqa: E402
+from multiagent_rl.episodes.episode import Episode  # noqa: E402
 from multiagent_rl.models import load_model_and_tokenizer  # noqa: E402
-from multiagent_rl.task import Task, TaskData  # noqa: E402
-from multiagent_rl.trace import Segment, Trace  # noqa: E402
-from multiagent_rl.trainer import MixedAlgorithmConfig, MixedAlgorithmTrainer  # noqa: E402
+from multiagent_rl.tasks.task import Task, TaskData  # noqa: E402
+from multiagent_rl.episodes.trace import Segment, Trace  # noqa: E402
+from multiagent_rl.training.trainer import MixedAlgorithmConfig, MixedAlgorithmTrainer  # noqa: E402
 
 
 def _trace(rng: random.Random, vocab: int, segments: list[tuple[str, int]], reward: float) -> Trace:

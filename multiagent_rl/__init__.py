@@ -1,13 +1,22 @@
 """multiagent_rl: train language models in multi-agent environments on the Hugging Face stack."""
 
-from .agent import Agent, AgentConfig, ChatHarnessConfig, Interaction, ScriptedTurn, Seat, TurnLimitReached, make_agent
+from .agents.agent import (
+    Agent,
+    AgentConfig,
+    ChatHarnessConfig,
+    Interaction,
+    ScriptedTurn,
+    Seat,
+    TurnLimitReached,
+    make_agent,
+)
 from .backends import Generation, GenerationBackend, SamplingParams, TransformersBackend, build_backend
 from .config import ExperimentConfig
-from .env import Env, SingleAgentEnv, play_episodes, run_sync
-from .episode import Episode
-from .rollout import Orchestrator
-from .task import Task, TaskData
-from .trace import RewardRecord, Segment, TokenStreams, Trace
+from .envs.base import Env, SingleAgentEnv, play_episodes, run_sync
+from .episodes.episode import Episode
+from .episodes.trace import RewardRecord, Segment, TokenStreams, Trace
+from .rollout.engine import Orchestrator
+from .tasks.task import Task, TaskData
 
 __version__ = "0.1.0"
 

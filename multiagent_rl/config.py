@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import difflib
 import functools
-import importlib
 import tomllib
 from collections.abc import Iterable
 from pathlib import Path
@@ -45,30 +44,12 @@ from pydantic import (
     model_validator,
 )
 
+from .agents.harness import HarnessConfig
+from .envs.registry import ENVS
+from .registry import import_object
 from .algorithms import ALGORITHMS, AlgorithmConfig, parse_algorithm_config
 from .backends.base import SamplingParams
 from .backends.endpoint import EndpointConfig, is_endpoint_reference, parse_reference
-from .harness import HarnessConfig
-
-ENVS: dict[str, str] = {
-    "kuhn_poker": "multiagent_rl.envs.kuhn_poker:KuhnPokerEnv",
-    "proposer_solver": "multiagent_rl.envs.proposer_solver:ProposerSolverEnv",
-    "agentic_judge": "multiagent_rl.envs.agentic_judge:AgenticJudgeEnv",
-    "user_sim": "multiagent_rl.envs.user_sim:UserSimEnv",
-}
-"""Built-in environment ids; any ``"package.module:Class"`` path works too."""
-
-
-def import_object(path: str) -> Any:
-    """Import ``"package.module:name"``."""
-    if ":" not in path:
-        raise ValueError(f"{path!r} is not an import path; write it as 'package.module:name'")
-    module, _, name = path.partition(":")
-    try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"cannot import {path!r}: {exc}") from exc
-
 
 # A dict such as {"type": "grpo"} becomes the registered algorithm's typed config.
 OptionalAlgorithm = Annotated[
@@ -127,7 +108,8 @@ class EnvConfig(_Strict):
     """One environment in the training mix."""
 
     id: str
-    """A built-in id (``kuhn_poker``) or ``"package.module:EnvClass"``."""
+    """A registered id (``kuhn_poker``; see [`ENVS`][multiagent_rl.envs.registry.ENVS]) or
+    ``"package.module:EnvClass"``."""
     name: str | None = None
     """Label for metrics, traces and RAE baselines; default: ``id`` (suffixed when repeated)."""
     args: dict[str, Any] = Field(default_factory=dict)
@@ -148,12 +130,12 @@ class EnvConfig(_Strict):
     """Step from which it is no longer sampled (e.g. an SFT warm-up phase); None = never stops."""
     timeout: float | None = Field(None, gt=0)
     """Seconds one episode may take before it is recorded as failed; None: the default
-    (``multiagent_rl.env.DEFAULT_EPISODE_TIMEOUT``, 600 s); ``inf``: no limit."""
+    (``multiagent_rl.envs.base.DEFAULT_EPISODE_TIMEOUT``, 600 s); ``inf``: no limit."""
 
     @model_validator(mode="after")
     def _check(self):
-        if self.instance is None and self.id not in ENVS and ":" not in self.id:
-            raise ValueError(f"unknown env id {self.id!r}; built-in: {sorted(ENVS)}, or give 'package.module:Class'")
+        if self.instance is None:
+            ENVS.lookup(self.id)  # an unknown id fails here, listing the registered ones
         if self.stop_step is not None and self.stop_step <= self.start_step:
             raise ValueError(f"env {self.id!r}: stop_step={self.stop_step} must be after start_step={self.start_step}")
         for role, binding in getattr(self.env_class(), "default_roles", {}).items():
@@ -161,12 +143,12 @@ class EnvConfig(_Strict):
         return self
 
     def env_class(self) -> type:
-        return type(self.instance) if self.instance is not None else import_object(ENVS.get(self.id, self.id))
+        return type(self.instance) if self.instance is not None else ENVS.lookup(self.id)
 
     def build(self):
         if self.instance is not None:
             return self.instance
-        return import_object(ENVS.get(self.id, self.id))(**self.args)
+        return self.env_class()(**self.args)
 
     def default_algo(self) -> dict[str, Any] | None:
         """The environment class's own default algorithm (``Env.default_algo``), if it declares one."""
@@ -237,7 +219,7 @@ class ExperimentConfig(_Strict):
     """The environments in the mix."""
     model: ModelConfig = Field(default_factory=ModelConfig)
     trainer: dict[str, Any] = Field(default_factory=dict)
-    """Fields of [`MixedAlgorithmConfig`][multiagent_rl.trainer.MixedAlgorithmConfig] (a TRL ``GRPOConfig``)."""
+    """Fields of [`MixedAlgorithmConfig`][multiagent_rl.training.trainer.MixedAlgorithmConfig] (a TRL ``GRPOConfig``)."""
     endpoints: dict[str, EndpointConfig] = Field(default_factory=dict)
     """Named OpenAI-compatible servers that seats and teachers reach as ``model = "endpoint:NAME"``."""
 
@@ -354,7 +336,7 @@ class ExperimentConfig(_Strict):
 def _trainer_fields() -> dict[str, Any]:
     import typing
 
-    from .trainer_config import MixedAlgorithmConfig  # TRL is imported only when [trainer] has fields to check
+    from .training.arguments import MixedAlgorithmConfig  # TRL is imported only when [trainer] has fields to check
 
     return typing.get_type_hints(MixedAlgorithmConfig)
 

@@ -36,8 +36,8 @@ import sys
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 from multiagent_rl.config import ExperimentConfig  # noqa: E402
-from multiagent_rl.recipe import finish, train  # noqa: E402
-from multiagent_rl.trainer import MixedAlgorithmTrainer  # noqa: E402
+from multiagent_rl.training.run import finish, train  # noqa: E402
+from multiagent_rl.training.trainer import MixedAlgorithmTrainer  # noqa: E402
 
 METRICS = ("judged_pass", "correct", "fooled_tests", "tests_pass", "judge_score", "tests")
 
@@ -96,8 +96,8 @@ def attack_report(output_dir: str) -> dict:
     import tempfile
     from pathlib import Path
 
-    from multiagent_rl.sandbox import cgroups
-    from multiagent_rl.trace_dataset import dataset_to_episodes, load_traces
+    from multiagent_rl.tools.sandbox import cgroups
+    from multiagent_rl.data.traces import dataset_to_episodes, load_traces
 
     rows: dict[str, dict] = {}
     for _, ep in dataset_to_episodes(load_traces(Path(output_dir, "traces"))):

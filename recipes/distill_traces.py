@@ -33,7 +33,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 from multiagent_rl.models import load_model_and_tokenizer  # noqa: E402
-from multiagent_rl.trace_dataset import filter_traces, load_traces, to_sft_prompt_completion  # noqa: E402
+from multiagent_rl.data.traces import filter_traces, load_traces, to_sft_prompt_completion  # noqa: E402
 
 
 def fine_tune(rows, args, name: str):
@@ -55,10 +55,10 @@ def fine_tune(rows, args, name: str):
 
 def user_sim_evaluation(args):
     """Greedy success per persona on held-out scenarios (higher is better)."""
-    from multiagent_rl.agent import Agent, AgentConfig
+    from multiagent_rl.agents.agent import Agent, AgentConfig
     from multiagent_rl.backends import TransformersBackend
     from multiagent_rl.envs.user_sim import UserSimEnv
-    from multiagent_rl.eval.user_sim import held_out_scenarios, success_by_persona
+    from multiagent_rl.envs.user_sim.evaluation import held_out_scenarios, success_by_persona
 
     env = UserSimEnv(menu=True, split="held_out")
     tasks = held_out_scenarios(env, args.per_persona)
@@ -74,8 +74,8 @@ def user_sim_evaluation(args):
 
 def kuhn_poker_evaluation(args):
     """Exact exploitability (lower is better) and expected chips against Nash of the policy the harness plays."""
-    from multiagent_rl.eval.kuhn import evaluation_report
-    from multiagent_rl.eval.kuhn_policy import read_policy
+    from multiagent_rl.envs.kuhn_poker.exploitability import evaluation_report
+    from multiagent_rl.envs.kuhn_poker.evaluation import read_policy
 
     def evaluate(model, tokenizer) -> dict[str, float]:
         report = evaluation_report(read_policy(model.eval(), tokenizer, legal_choices=True))

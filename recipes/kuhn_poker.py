@@ -41,15 +41,15 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
-from multiagent_rl.callbacks import FreshOptimizerState, PhaseLearningRate  # noqa: E402
+from multiagent_rl.training.callbacks import FreshOptimizerState, PhaseLearningRate  # noqa: E402
 from multiagent_rl.config import ExperimentConfig  # noqa: E402
 from multiagent_rl.envs.kuhn_poker import KuhnPokerEnv  # noqa: E402
-from multiagent_rl.eval.kuhn import evaluation_report  # noqa: E402
+from multiagent_rl.envs.kuhn_poker.exploitability import evaluation_report  # noqa: E402
 from multiagent_rl.envs.kuhn_poker import random_mixed_table  # noqa: E402
-from multiagent_rl.eval.kuhn_policy import (KuhnEvaluation, imitation_report, plot_exploitability,  # noqa: E402
+from multiagent_rl.envs.kuhn_poker.evaluation import (KuhnEvaluation, imitation_report, plot_exploitability,  # noqa: E402
                                             read_policy)
 from transformers import TrainerCallback  # noqa: E402
-from multiagent_rl.trainer import MixedAlgorithmTrainer, TrainingInterrupted  # noqa: E402
+from multiagent_rl.training.trainer import MixedAlgorithmTrainer, TrainingInterrupted  # noqa: E402
 
 WARMUP_POLICY = "multiagent_rl.envs.kuhn_poker:random_mixed_policy"
 
@@ -66,7 +66,7 @@ NOT_WITH_CONFIG = ("warmup_steps", "warmup_group_size", "warmup_lr", "free_text"
 
 class WarmupCheck(TrainerCallback):
     """At the warm-up's last step, how closely the policy plays the warm-up teacher
-    ([`imitation_report`][multiagent_rl.eval.kuhn_policy.imitation_report]): one console line, and a warning naming
+    ([`imitation_report`][multiagent_rl.envs.kuhn_poker.evaluation.imitation_report]): one console line, and a warning naming
     every decision point where the policy has not learned to read its card (self-play from there stalled in our
     runs). The report goes into ``summary.json`` as ``warmup_check``."""
 

@@ -20,10 +20,10 @@ import sys
 
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
-from multiagent_rl.callbacks import FreshOptimizerState, PhaseLearningRate  # noqa: E402
-from multiagent_rl.eval.leduc import LeducEvaluation  # noqa: E402
-from multiagent_rl.recipe import finish, train  # noqa: E402
-from multiagent_rl.trainer import MixedAlgorithmTrainer  # noqa: E402
+from multiagent_rl.training.callbacks import FreshOptimizerState, PhaseLearningRate  # noqa: E402
+from multiagent_rl.envs.leduc_poker.evaluation import LeducEvaluation  # noqa: E402
+from multiagent_rl.training.run import finish, train  # noqa: E402
+from multiagent_rl.training.trainer import MixedAlgorithmTrainer  # noqa: E402
 
 ENV = "multiagent_rl.envs.leduc_poker"
 

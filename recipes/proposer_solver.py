@@ -26,11 +26,11 @@ import sys
 
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
-from multiagent_rl.callbacks import PhaseLearningRate  # noqa: E402
+from multiagent_rl.training.callbacks import PhaseLearningRate  # noqa: E402
 from multiagent_rl.config import ExperimentConfig  # noqa: E402
-from multiagent_rl.eval.proposer_solver import SolverEvaluation, curves, plot_curriculum  # noqa: E402
-from multiagent_rl.recipe import finish, train  # noqa: E402
-from multiagent_rl.trainer import MixedAlgorithmTrainer  # noqa: E402
+from multiagent_rl.envs.proposer_solver.evaluation import SolverEvaluation, curves, plot_curriculum  # noqa: E402
+from multiagent_rl.training.run import finish, train  # noqa: E402
+from multiagent_rl.training.trainer import MixedAlgorithmTrainer  # noqa: E402
 
 ENV = "multiagent_rl.envs.proposer_solver"
 

@@ -28,9 +28,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch  # noqa: E402
 from conftest import feed, make_episode, make_trace  # noqa: E402  (this script's folder is on sys.path)
 
-from multiagent_rl.env import SingleAgentEnv  # noqa: E402
+from multiagent_rl.envs.base import SingleAgentEnv  # noqa: E402
 from multiagent_rl.models import load_model_and_tokenizer, resolve_model  # noqa: E402
-from multiagent_rl.trainer import MixedAlgorithmConfig, MixedAlgorithmTrainer  # noqa: E402
+from multiagent_rl.training.trainer import MixedAlgorithmConfig, MixedAlgorithmTrainer  # noqa: E402
 
 VOCAB_LOW, VOCAB_HIGH = 3, 500  # ordinary tokens of the tiny tokenizer (0-2 are special; 622 in all)
 

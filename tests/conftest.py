@@ -18,7 +18,7 @@ import pytest  # noqa: E402
 
 def make_trace(role: str, segments, reward: float, model: str = "policy"):
     """A trainable trace from ``[(kind, token ids), ...]``; actions get sampling logprobs of -1."""
-    from multiagent_rl.trace import Segment, Trace
+    from multiagent_rl.episodes.trace import Segment, Trace
 
     t = Trace(role=role, trainable=True, model=model,
               segments=[Segment(k, list(ids), [-1.0] * len(ids) if k == "action" else None) for k, ids in segments])
@@ -28,8 +28,8 @@ def make_trace(role: str, segments, reward: float, model: str = "policy"):
 
 def make_episode(eid: str, group: str, env: str, traces):
     """An episode of env label ``env`` in task group ``group``."""
-    from multiagent_rl.episode import Episode
-    from multiagent_rl.task import Task, TaskData
+    from multiagent_rl.episodes.episode import Episode
+    from multiagent_rl.tasks.task import Task, TaskData
 
     return Episode(id=eid, task=Task(TaskData(prompt="p")), group=group, env=env, traces=traces)
 
@@ -41,7 +41,7 @@ def user_sim_traces(per_policy: int = 6):
 
     import multiagent_rl as mrl
     from multiagent_rl.envs.user_sim import UserSimEnv, careful_assistant, hasty_assistant, scripted_user
-    from multiagent_rl.trace_dataset import episodes_to_dataset
+    from multiagent_rl.data.traces import episodes_to_dataset
 
     env = UserSimEnv(menu=True)
     pairs = []
@@ -56,7 +56,7 @@ def user_sim_traces(per_policy: int = 6):
 
 def mixed_args(output_dir, **kw):
     """A MixedAlgorithmConfig for fast CPU tests (no saving, one step unless told otherwise)."""
-    from multiagent_rl.trainer import MixedAlgorithmConfig
+    from multiagent_rl.training.trainer import MixedAlgorithmConfig
 
     base = dict(output_dir=str(output_dir), report_to=[], save_strategy="no", save_episodes=False,
                 logging_steps=1, disable_tqdm=True, seed=0, max_completion_length=8, max_steps=1)
@@ -83,7 +83,7 @@ def feed(trainer, episodes_for: Callable[[int], list]):
 def fixed_trainer(output_dir, tiny, experiment, episodes, **kw):
     """A trainer on a copy of the tiny model whose every step plays (a fresh copy of) ``episodes``
     (or ``episodes(step)`` when it is callable)."""
-    from multiagent_rl.trainer import MixedAlgorithmTrainer
+    from multiagent_rl.training.trainer import MixedAlgorithmTrainer
 
     model, tok = tiny
     source = episodes if callable(episodes) else (lambda step: copy.deepcopy(episodes))

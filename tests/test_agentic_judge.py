@@ -8,9 +8,9 @@ import multiagent_rl as mrl
 from multiagent_rl.envs.agentic_judge import (ATTACKS, LETTERS, AgenticJudgeEnv, code_solver, examples_judge,
                                               labelled_solver)
 from multiagent_rl.envs.agentic_judge.tasks import CODE_TASKS, run_tests_locally
-from multiagent_rl.rubric import Criterion, Rubric, VerdictError
-from multiagent_rl.sandbox import bwrap_available
-from multiagent_rl.task import Task, TaskData
+from multiagent_rl.tools.rubric import Criterion, Rubric, VerdictError
+from multiagent_rl.tools.sandbox import bwrap_available
+from multiagent_rl.tasks.task import Task, TaskData
 from multiagent_rl.tools import tool_call_text
 
 pytestmark = pytest.mark.skipif(not bwrap_available(), reason="bubblewrap is not installed (apt-get install bubblewrap)")
@@ -171,7 +171,7 @@ def test_the_sandboxed_grader_agrees_with_running_the_tests_locally_on_every_can
 
     from multiagent_rl.envs.agentic_judge.grading import grade
     from multiagent_rl.envs.agentic_judge.tasks import check_examples_locally
-    from multiagent_rl.sandbox import Sandbox, SandboxConfig
+    from multiagent_rl.tools.sandbox import Sandbox, SandboxConfig
 
     config = SandboxConfig()
 

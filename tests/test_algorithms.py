@@ -14,6 +14,7 @@ import pytest
 import torch
 import transformers
 
+from multiagent_rl.episodes.records import trace_record
 from multiagent_rl.algorithms import (
     ALGORITHMS,
     AlgorithmContext,
@@ -23,11 +24,11 @@ from multiagent_rl.algorithms import (
 from multiagent_rl.algorithms.echo import EchoConfig
 from multiagent_rl.algorithms.grpo import GRPOConfig
 from multiagent_rl.backends import SamplingParams, TransformersBackend
-from multiagent_rl.episode import Episode
-from multiagent_rl.rewards import learnability
-from multiagent_rl.scoring import token_logprobs
-from multiagent_rl.task import Task, TaskData
-from multiagent_rl.trace import Segment, Trace
+from multiagent_rl.episodes.episode import Episode
+from multiagent_rl.envs.proposer_solver.rewards import learnability
+from multiagent_rl.training.scoring import token_logprobs
+from multiagent_rl.tasks.task import Task, TaskData
+from multiagent_rl.episodes.trace import Segment, Trace
 
 # -- builders -------------------------------------------------------------------------------
 
@@ -135,11 +136,11 @@ def test_untrained_traces_untouched():
         make_episode([make_trace("player_0", 0.0), failed], 1),
         make_episode([bad_episode_trace], 2, ok=False),
     ]
-    before = [t.to_dict() for t in (frozen, failed, bad_episode_trace, other_role)]
+    before = [trace_record(t) for t in (frozen, failed, bad_episode_trace, other_role)]
     for cfg in ({"type": "grpo"}, {"type": "max_rl"}, {"type": "rae"}, {"type": "sft"}, {"type": "echo"},
                 {"type": "hierarchical_grpo"}):
         build_algorithm(cfg).score_group(episodes, roles={"player_0"})
-        after = [t.to_dict() for t in (frozen, failed, bad_episode_trace, other_role)]
+        after = [trace_record(t) for t in (frozen, failed, bad_episode_trace, other_role)]
         assert after == before, cfg
         assert all(t.streams is None for t in (frozen, failed, bad_episode_trace, other_role))
     # only the two clean player_0 traces are peers: mean 0.5
@@ -453,7 +454,7 @@ def test_opsd_drops_hint_positions(mode):
 ALGORITHM_MODULE = '''
 from typing import Literal
 from multiagent_rl.algorithms.base import Algorithm, AlgorithmConfig, on_kind, trained_traces
-from multiagent_rl.trace import TokenStreams
+from multiagent_rl.episodes.trace import TokenStreams
 
 
 class ConstantConfig(AlgorithmConfig):
@@ -525,8 +526,8 @@ def test_declared_loss_types_are_enforced(tmp_path, monkeypatch, registry):
         build_algorithm({"type": "declares_unknown_stream"})
     (tmp_path / "my_algos2.py").write_text(ALGORITHM_MODULE)
     monkeypatch.syspath_prepend(str(tmp_path))
-    from multiagent_rl.env import SingleAgentEnv
-    from multiagent_rl.rollout import Orchestrator
+    from multiagent_rl.envs.base import SingleAgentEnv
+    from multiagent_rl.rollout.engine import Orchestrator
 
     env = SingleAgentEnv([{"prompt": "hi"}], reward=lambda task, trace: 1.0)
     orchestrator = Orchestrator.from_config({"algo": {"type": "my_algos2:WritesUndeclared"},

@@ -11,10 +11,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "recipes"))
 import distill_traces  # noqa: E402
 import kuhn_poker  # noqa: E402
 
-from multiagent_rl.eval.kuhn import exploitability_of  # noqa: E402
-from multiagent_rl.eval.kuhn_policy import read_policy  # noqa: E402
+from multiagent_rl.envs.kuhn_poker.exploitability import exploitability_of  # noqa: E402
+from multiagent_rl.envs.kuhn_poker.evaluation import read_policy  # noqa: E402
 from multiagent_rl.models import load_model_and_tokenizer  # noqa: E402
-from multiagent_rl.trace_dataset import filter_traces, load_traces  # noqa: E402
+from multiagent_rl.data.traces import filter_traces, load_traces  # noqa: E402
 
 
 def test_kuhn_traces_distil_into_a_model_scored_by_exploitability(tmp_path):

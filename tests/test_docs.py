@@ -54,7 +54,7 @@ def test_the_pages_have_blocks_to_check():
 @pytest.mark.parametrize("page", PYTHON_PAGES, ids=[p.name for p in PYTHON_PAGES])
 def test_python_blocks_run_as_written(page, tmp_path):
     if "bwrap" in page.read_text() or "bubblewrap" in page.read_text():
-        from multiagent_rl.sandbox import bwrap_available
+        from multiagent_rl.tools.sandbox import bwrap_available
 
         if not bwrap_available():
             pytest.skip("this page's code runs commands in the sandbox: apt-get install bubblewrap")

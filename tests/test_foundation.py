@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import multiagent_rl as mrl
-from multiagent_rl.agent import Agent
+from multiagent_rl.agents.agent import Agent
+from multiagent_rl.episodes.records import episode_from_record, episode_record
 
 
 def run(coro):
@@ -151,7 +152,7 @@ def test_trace_and_episode_round_trip_through_json(backend):
                                    {"agent": agent}, trainable={"agent": True}, group="g1"))
     ep.traces[0].metrics["m"] = 0.5
     ep.traces[0].streams = mrl.TokenStreams("grpo", advantages=[0.0] * len(ep.traces[0].token_ids))
-    back = mrl.Episode.from_json(json.dumps(json.loads(ep.to_json())))
+    back = episode_from_record(json.loads(json.dumps(episode_record(ep))))
     assert back == ep
     assert back.traces[0].reward == ep.traces[0].reward
 

@@ -5,7 +5,7 @@ import json
 from conftest import user_sim_traces
 
 from multiagent_rl.config import ExperimentConfig
-from multiagent_rl.hub import base_model_id, fix_adapter_base, model_card_text, trace_dataset_card
+from multiagent_rl.data.hub import base_model_id, fix_adapter_base, model_card_text, trace_dataset_card
 
 
 def test_the_model_card_names_the_hub_base_model_envs_roles_algorithms_results_and_command():

@@ -5,8 +5,9 @@ import pytest
 from _local_hub import FAKE_USER, LocalHub, hub_env
 from conftest import user_sim_traces
 
-from multiagent_rl.hub import push_traces
-from multiagent_rl.trace_dataset import dataset_to_episodes, filter_traces
+from multiagent_rl.data.hub import push_traces
+from multiagent_rl.data.traces import dataset_to_episodes, filter_traces
+from multiagent_rl.episodes.records import episode_record
 
 
 @pytest.fixture
@@ -26,7 +27,7 @@ def test_push_traces_with_filters_and_a_card_then_load_them_back_exactly(hub):
     back = datasets.load_dataset(f"{FAKE_USER}/user-sim-best", split="train")
     expected = filter_traces(ds, role="assistant", min_reward=1.0)
     assert len(back) == len(expected) > 0 and set(back["reward"]) == {1.0}
-    assert [ep.to_dict() for _, ep in dataset_to_episodes(back)] == [ep.to_dict() for _, ep in dataset_to_episodes(expected)]
+    assert [episode_record(ep) for _, ep in dataset_to_episodes(back)] == [episode_record(ep) for _, ep in dataset_to_episodes(expected)]
     card = hub.files(f"{FAKE_USER}/user-sim-best", "dataset")["README.md"].decode()
     assert "| user_sim | assistant |" in card and "--seed 0" in card and '"min_reward": 1.0' in card
     with pytest.raises(ValueError, match="no trace matches"):
@@ -38,7 +39,7 @@ def test_the_trainer_pushes_the_model_with_its_card(hub, tmp_path):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from multiagent_rl.trainer import MixedAlgorithmTrainer
+    from multiagent_rl.training.trainer import MixedAlgorithmTrainer
 
     repo = f"{FAKE_USER}/kuhn-tiny"
     trainer = MixedAlgorithmTrainer({

@@ -8,9 +8,9 @@ import pytest
 
 import multiagent_rl as mrl
 from multiagent_rl.envs import kuhn_poker as kp
-from multiagent_rl.eval import kuhn
-from multiagent_rl.eval.kuhn_policy import info_state_context
-from multiagent_rl.games import kuhn as rules
+from multiagent_rl.envs.kuhn_poker import exploitability as kuhn
+from multiagent_rl.envs.kuhn_poker.evaluation import info_state_context
+from multiagent_rl.envs.kuhn_poker import rules
 
 SEQUENCES = [("check", "check"), ("check", "bet", "fold"), ("check", "bet", "call"), ("bet", "fold"), ("bet", "call")]
 
@@ -94,7 +94,7 @@ def test_scripted_nash_players_earn_the_game_value():
 
 def test_read_policy_contexts_match_play(tiny):
     """The evaluation reads the model at exactly the tokens a seat sees during play."""
-    from multiagent_rl.chat_template import ChatTemplate
+    from multiagent_rl.agents.chat_template import ChatTemplate
 
     model, tok = tiny
     backend = mrl.TransformersBackend(model, tok)

@@ -14,11 +14,11 @@ import pytest
 from open_spiel.python import policy as policy_lib
 from open_spiel.python.algorithms import expected_game_score, exploitability
 
-from multiagent_rl.eval import kuhn
-from multiagent_rl.eval.kuhn import evaluation_report, expected_chips, exploitability_of, to_openspiel
-from multiagent_rl.eval.kuhn_policy import plot_exploitability
-from multiagent_rl.games import kuhn as game
-from multiagent_rl.games.kuhn import (
+from multiagent_rl.envs.kuhn_poker import exploitability as kuhn
+from multiagent_rl.envs.kuhn_poker.exploitability import evaluation_report, expected_chips, exploitability_of, to_openspiel
+from multiagent_rl.envs.kuhn_poker.evaluation import plot_exploitability
+from multiagent_rl.envs.kuhn_poker import rules as game
+from multiagent_rl.envs.kuhn_poker.rules import (
     CARDS,
     INFO_STATES,
     AveragePolicy,

@@ -19,7 +19,7 @@ def test_default_recipe_beats_uniform_play(tmp_path):
     uniform = 11 / 24
     assert summary["legal_choices"]
     # the harness was in effect: every action token the policy played in the last step was constrained
-    from multiagent_rl.sinks import read_episodes
+    from multiagent_rl.data.sinks import read_episodes
 
     last = [ep for step, ep in read_episodes(tmp_path / "episodes" / "rank0.jsonl") if step == summary["steps"] - 1]
     allowed = [a for ep in last for t in ep.traces for s in t.segments if s.kind == "action" for a in s.allowed or [None]]

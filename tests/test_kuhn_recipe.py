@@ -99,8 +99,8 @@ def test_the_rl_phase_starts_with_a_fresh_optimizer_state(tmp_path):
 
 def test_the_warmup_check_names_each_decision_point_where_the_policy_does_not_read_its_card():
     from multiagent_rl.envs.kuhn_poker import random_mixed_table
-    from multiagent_rl.eval.kuhn_policy import imitation_report
-    from multiagent_rl.games.kuhn import INFO_STATES
+    from multiagent_rl.envs.kuhn_poker.evaluation import imitation_report
+    from multiagent_rl.envs.kuhn_poker.rules import INFO_STATES
 
     teacher = random_mixed_table(seed=3, low=0.1, high=0.9, two_point=True)  # seed 3: its player 1 rows differ by card
     assert imitation_report(teacher, teacher) == {"max_gap": 0.0, "worst": "player 0 with J after the deal",
@@ -122,7 +122,7 @@ def test_the_fresh_optimizer_refuses_deepspeed_however_it_was_configured(monkeyp
 
     from accelerate.utils import DistributedType
 
-    from multiagent_rl import callbacks
+    from multiagent_rl.training import callbacks
 
     # an `accelerate launch` DeepSpeed config sets the accelerator's state, not TrainingArguments.deepspeed
     monkeypatch.setattr(callbacks, "AcceleratorState", lambda: SimpleNamespace(distributed_type=DistributedType.DEEPSPEED))

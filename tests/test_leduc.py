@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from multiagent_rl.games import leduc
+from multiagent_rl.envs.leduc_poker import rules as leduc
 
 pyspiel = pytest.importorskip("pyspiel")
 
@@ -124,8 +124,8 @@ def test_exploitability_and_the_reach_weighted_average():
     from open_spiel.python import policy as policy_lib
     from open_spiel.python.algorithms import exploitability
 
-    from multiagent_rl.eval.leduc import exploitability_of, uniform_table
-    from multiagent_rl.games.leduc import AveragePolicy, own_reach
+    from multiagent_rl.envs.leduc_poker.evaluation import exploitability_of, uniform_table
+    from multiagent_rl.envs.leduc_poker.rules import AveragePolicy, own_reach
 
     assert exploitability_of(uniform_table()) == pytest.approx(
         exploitability.exploitability(GAME, policy_lib.UniformRandomPolicy(GAME)), abs=1e-12)
@@ -148,7 +148,7 @@ def test_exploitability_and_the_reach_weighted_average():
 
 
 def test_the_tiny_models_policy_is_read_at_every_information_state(tiny):
-    from multiagent_rl.eval.leduc import exploitability_of, read_policy
+    from multiagent_rl.envs.leduc_poker.evaluation import exploitability_of, read_policy
 
     model, tokenizer = tiny
     table = read_policy(model, tokenizer)

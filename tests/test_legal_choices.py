@@ -16,11 +16,12 @@ import pytest
 import torch
 
 import multiagent_rl as mrl
-from multiagent_rl.agent import Agent, AgentConfig
-from multiagent_rl.env import play_episodes, run_sync
+from multiagent_rl.agents.agent import Agent, AgentConfig
+from multiagent_rl.envs.base import play_episodes, run_sync
 from multiagent_rl.envs import kuhn_poker as kp
-from multiagent_rl.scoring import token_logprobs
-from multiagent_rl.task import Task, TaskData
+from multiagent_rl.training.scoring import token_logprobs
+from multiagent_rl.tasks.task import Task, TaskData
+from multiagent_rl.episodes.records import episode_from_record, episode_record
 
 from test_kuhn_env import SEQUENCES, openspiel_returns  # noqa: E402
 
@@ -227,15 +228,15 @@ def test_teacher_scoring_and_json_keep_the_allowed_ids(backend, tiny):
     for j, (allowed, lp) in enumerate(zip(trace.allowed_token_ids, trace.sampling_logprobs)):
         if allowed is not None:
             assert abs(scores[j] - lp) < 1e-4  # restricted like the sampling, forced tokens at 0
-    back = mrl.Episode.from_json(json.dumps(json.loads(ep.to_json())))
+    back = episode_from_record(json.loads(json.dumps(episode_record(ep))))
     assert back == ep and back.traces[0].allowed_token_ids == trace.allowed_token_ids
 
 
 def test_read_policy_under_the_harness_is_the_policy_played(backend, tiny):
     """Every sampled decision's probability equals the evaluation's table entry for its information state
     (so the exploitability is computed from exactly the policy that plays)."""
-    from multiagent_rl.eval.kuhn_policy import read_policy
-    from multiagent_rl.games.kuhn import InfoState
+    from multiagent_rl.envs.kuhn_poker.evaluation import read_policy
+    from multiagent_rl.envs.kuhn_poker.rules import InfoState
 
     model, tok = tiny
     table = read_policy(model, tok, legal_choices=True)

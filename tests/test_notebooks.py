@@ -51,7 +51,7 @@ def _output_text(nb) -> str:
 @pytest.mark.parametrize("path, expected", list(NOTEBOOKS.items()), ids=[Path(p).stem for p in NOTEBOOKS])
 def test_notebook_runs(path, expected, tmp_path, monkeypatch, request):
     if "agentic_judge" in path:
-        from multiagent_rl.sandbox import bwrap_available
+        from multiagent_rl.tools.sandbox import bwrap_available
 
         if not bwrap_available():
             pytest.skip("the agentic judge runs commands in the sandbox: apt-get install bubblewrap")

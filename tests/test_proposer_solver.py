@@ -11,11 +11,11 @@ import torch
 
 import multiagent_rl as mrl
 from multiagent_rl.algorithms import build_algorithm
-from multiagent_rl.env import play_episodes, run_sync
+from multiagent_rl.envs.base import play_episodes, run_sync
 from multiagent_rl.envs import proposer_solver as ps
-from multiagent_rl.games.arithmetic import LEVELS, evaluate, level_of, make_problem
-from multiagent_rl.rewards import absolute_zero, learnability, r_zero
-from multiagent_rl.trainer import MixedAlgorithmConfig, MixedAlgorithmTrainer
+from multiagent_rl.envs.proposer_solver.problems import LEVELS, evaluate, level_of, make_problem
+from multiagent_rl.envs.proposer_solver.rewards import absolute_zero, learnability, r_zero
+from multiagent_rl.training.trainer import MixedAlgorithmConfig, MixedAlgorithmTrainer
 
 
 @pytest.mark.parametrize("reply, parsed", [

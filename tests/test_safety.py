@@ -20,13 +20,13 @@ import pytest
 import torch
 
 import multiagent_rl as mrl
-from multiagent_rl import env as env_module
+from multiagent_rl.envs import base as env_module
 from multiagent_rl.config import ExperimentConfig
-from multiagent_rl.env import SingleAgentEnv, run_sync
-from multiagent_rl.health import RunStopped
+from multiagent_rl.envs.base import SingleAgentEnv, run_sync
+from multiagent_rl.rollout.health import RunStopped
 from multiagent_rl.models import ModelNotFoundError, load_model_and_tokenizer
-from multiagent_rl.sinks import load_episode_logs, read_episodes
-from multiagent_rl.trainer import MixedAlgorithmConfig, MixedAlgorithmTrainer
+from multiagent_rl.data.sinks import load_episode_logs, read_episodes
+from multiagent_rl.training.trainer import MixedAlgorithmConfig, MixedAlgorithmTrainer
 
 
 
@@ -407,7 +407,7 @@ class Blocking(mrl.Env):
 def test_code_that_blocks_the_event_loop_is_named_in_a_warning(caplog, monkeypatch):
     monkeypatch.setattr(env_module, "BLOCKING_WARNING_SECONDS", 0.2)
     agent = mrl.make_agent(mrl.AgentConfig(model="scripted", policy=lambda turn: "hi"))
-    with caplog.at_level(logging.WARNING, logger="multiagent_rl.env"):
+    with caplog.at_level(logging.WARNING, logger="multiagent_rl.envs.base"):
         eps = run_sync(mrl.play_episodes(Blocking(), [mrl.Task(mrl.TaskData(prompt="x"))], {"agent": agent}))
     assert eps[0].ok
     assert "env 'blocking_env': run() ran 0.3 s without yielding to the event loop" in caplog.text

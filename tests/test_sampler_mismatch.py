@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from multiagent_rl import loss
-from multiagent_rl.env import SingleAgentEnv
-from multiagent_rl.trainer import MixedAlgorithmTrainer
+from multiagent_rl.training import loss
+from multiagent_rl.envs.base import SingleAgentEnv
+from multiagent_rl.training.trainer import MixedAlgorithmTrainer
 
 
 def test_importance_weights_follow_the_modes():
@@ -38,7 +38,7 @@ def _trainer(tmp_path, tiny, **kw):
     args_kw = dict(output_dir=str(tmp_path), report_to=[], save_strategy="no", save_episodes=False, logging_steps=1,
                    disable_tqdm=True, seed=0, max_completion_length=6, max_steps=3, learning_rate=1e-3,
                    groups_per_step=3)
-    from multiagent_rl.trainer import MixedAlgorithmConfig
+    from multiagent_rl.training.trainer import MixedAlgorithmConfig
 
     experiment = {"algo": {"type": "grpo"}, "env": [{"id": "s", "instance": env, "group_size": 4}]}
     return MixedAlgorithmTrainer(experiment, args=MixedAlgorithmConfig(**{**args_kw, **kw}), model=copy.deepcopy(model),

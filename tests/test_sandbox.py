@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from multiagent_rl import sandbox as sandbox_mod
-from multiagent_rl.sandbox import Sandbox, SandboxConfig, SandboxUnavailable, Workspace, WorkspaceEscape, cgroups
-from multiagent_rl.sandbox.workspace import DEFAULT_DISK_MB, DEFAULT_MAX_FILES
+from multiagent_rl.tools import sandbox as sandbox_mod
+from multiagent_rl.tools.sandbox import Sandbox, SandboxConfig, SandboxUnavailable, Workspace, WorkspaceEscape, cgroups
+from multiagent_rl.tools.sandbox.workspace import DEFAULT_DISK_MB, DEFAULT_MAX_FILES
 
 pytestmark = pytest.mark.skipif(not sandbox_mod.bwrap_available(), reason="bubblewrap cannot start here (CI installs it)")
 
@@ -284,7 +284,7 @@ def test_two_processes_never_touch_each_others_sandboxes(ws):
     import sys
 
     child = subprocess.Popen(
-        [sys.executable, "-c", "from multiagent_rl.sandbox import Sandbox, Workspace\n"
+        [sys.executable, "-c", "from multiagent_rl.tools.sandbox import Sandbox, Workspace\n"
          "with Workspace.create() as w:\n"
          "    r = Sandbox(w).run_sync(['sh', '-c', 'sleep 1.5; echo ok'])\n"
          "print(r.stdout.strip(), r.killed)"],
@@ -553,7 +553,7 @@ def test_the_trainers_session_keyring_is_out_of_reach(ws):
               "try:\n    print('keys', open('/proc/keys').read())\nexcept OSError as e:\n    print('keys', e)")
     trainer = f"""
 import ctypes, os
-from multiagent_rl.sandbox import Sandbox, Workspace
+from multiagent_rl.tools.sandbox import Sandbox, Workspace
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall(250, 1, None)  # KEYCTL_JOIN_SESSION_KEYRING: this process's own session keyring, as a login has
 serial = libc.syscall(248, b"user", b"mrl-test-key", b"secret-payload", 14, -3)
@@ -582,7 +582,7 @@ def test_two_trainers_that_are_both_pid_1_get_their_own_uids_and_process_budgets
 
     trainer = """
 import os, sys
-from multiagent_rl.sandbox import Sandbox, SandboxConfig, Workspace
+from multiagent_rl.tools.sandbox import Sandbox, SandboxConfig, Workspace
 with Workspace.create() as ws:
     r = Sandbox(ws, SandboxConfig(max_processes=8, timeout=8)).run_sync(["sh", "-c", sys.argv[1]])
 out = r.stdout.split() or ["none"]

@@ -5,13 +5,14 @@ import random
 import pytest
 
 import multiagent_rl as mrl
-from multiagent_rl.agent import Agent
+from multiagent_rl.agents.agent import Agent
 from multiagent_rl.algorithms import build_algorithm
 from multiagent_rl.envs.kuhn_poker import KuhnPokerEnv
 from multiagent_rl.envs.user_sim import UserSimEnv, careful_assistant, hasty_assistant, scripted_user
-from multiagent_rl.sinks import JsonlEpisodeSink
-from multiagent_rl.trace_dataset import (ParquetEpisodeSink, dataset_to_episodes, episodes_to_dataset, filter_traces,
+from multiagent_rl.data.sinks import JsonlEpisodeSink
+from multiagent_rl.data.traces import (ParquetEpisodeSink, dataset_to_episodes, episodes_to_dataset, filter_traces,
                                          load_traces, to_sft_messages, to_sft_prompt_completion, trace_features)
+from multiagent_rl.episodes.records import episode_record
 
 
 @pytest.fixture
@@ -42,7 +43,7 @@ def test_episodes_to_dataset_and_back_is_exact(kuhn_episodes):
     assert any(lp is not None for row in ds for lp in row["logprobs"])
     assert any(row["algorithm"] == "grpo" and row["advantage_mean"] is not None for row in ds)
     back = dataset_to_episodes(ds)
-    assert [(s, ep.to_dict()) for s, ep in back] == [(s, ep.to_dict()) for s, ep in pairs]
+    assert [(s, episode_record(ep)) for s, ep in back] == [(s, episode_record(ep)) for s, ep in pairs]
 
 
 def test_non_finite_numbers_are_written_as_null_and_ids_are_untouched(tmp_path, kuhn_episodes):
@@ -50,7 +51,7 @@ def test_non_finite_numbers_are_written_as_null_and_ids_are_untouched(tmp_path, 
     import copy
     import json
 
-    from multiagent_rl.sinks import trace_record
+    from multiagent_rl.episodes.records import trace_record
 
     episode = copy.deepcopy(kuhn_episodes[0])
     trace = next(t for t in episode.traces if t.streams is not None and t.streams.advantages)

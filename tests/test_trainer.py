@@ -28,17 +28,17 @@ from trl import GRPOConfig as TRLGRPOConfig
 from trl import GRPOTrainer
 from trl.trainer.utils import split_tensor_dict
 
-from multiagent_rl.agent import Agent, AgentConfig
+from multiagent_rl.agents.agent import Agent, AgentConfig
 from multiagent_rl.algorithms import build_algorithm
 from multiagent_rl.backends import SamplingParams, build_backend
-from multiagent_rl.collate import collate, trainable_samples
+from multiagent_rl.training.collate import collate, trainable_samples
 from multiagent_rl.config import ExperimentConfig
-from multiagent_rl.env import SingleAgentEnv, play_episodes, run_sync
+from multiagent_rl.envs.base import SingleAgentEnv, play_episodes, run_sync
 from multiagent_rl.envs.kuhn_poker import KuhnPokerEnv, random_policy
 from multiagent_rl.models import build_tiny_model
-from multiagent_rl.task import Task, TaskData
-from multiagent_rl.checkpoint import ALGORITHM_STATE_FILE
-from multiagent_rl.trainer import MixedAlgorithmTrainer
+from multiagent_rl.tasks.task import Task, TaskData
+from multiagent_rl.training.checkpoint import ALGORITHM_STATE_FILE
+from multiagent_rl.training.trainer import MixedAlgorithmTrainer
 
 
 HERE = Path(__file__).parent
@@ -358,7 +358,7 @@ def test_opd_teacher_equal_to_student_gives_zero_gradient(tmp_path, tiny, mixed_
                 trainer.model, torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1),
                 torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1), batch["completion_ids"].size(1))[0]
             w = batch["ref_kl_weights"].bool()
-            torch.testing.assert_close(batch["ref_logps"][w], live.detach()[w], atol=1e-5, rtol=0)
+            torch.testing.assert_close(batch["ref_logprobs"][w], live.detach()[w], atol=1e-5, rtol=0)
         _, grads[name] = loss_and_grads(trainer, batch)
     assert max_grad(grads["same"]) < 1e-5
     assert max_grad(grads["other"]) > 1e-2
@@ -775,7 +775,7 @@ def test_the_magnet_is_uniform_then_a_frozen_copy_of_the_policy(tmp_path, tiny, 
 def test_the_magnet_kl_reads_the_distribution_each_token_was_sampled_from():
     """kl_to_magnet against a by-hand sum: constrained rows over their allowed ids only, at each row's temperature,
     uniform over the support without a magnet; gradients stay finite around the masked ids."""
-    from multiagent_rl.loss import kl_to_magnet
+    from multiagent_rl.training.loss import kl_to_magnet
 
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(4, 11, generator=gen, requires_grad=True)

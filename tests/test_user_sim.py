@@ -8,7 +8,7 @@ import multiagent_rl as mrl
 from multiagent_rl.config import ExperimentConfig
 from multiagent_rl.envs.user_sim import (ASSISTANT_SYSTEM, PERSONAS, UserSimEnv, careful_assistant, hasty_assistant,
                                          scripted_user, user_system_prompt)
-from multiagent_rl.games.booking import (Goal, all_goals, booking_text, latest_values, menu, mentions, parse_booking,
+from multiagent_rl.envs.user_sim.booking import (Goal, all_goals, booking_text, latest_values, menu, mentions, parse_booking,
                                          split_goals)
 
 GOAL = Goal("Oslo", "May 3", 2)

@@ -22,12 +22,12 @@ import multiagent_rl as mrl  # noqa: E402
 from multiagent_rl.backends import EndpointBackend, EndpointConfig, SamplingParams, build_backend  # noqa: E402
 from multiagent_rl.backends.vllm_server import start_vllm_server, stop_vllm_server  # noqa: E402
 from multiagent_rl.config import ExperimentConfig  # noqa: E402
-from multiagent_rl.env import SingleAgentEnv, play_episodes, run_sync  # noqa: E402
+from multiagent_rl.envs.base import SingleAgentEnv, play_episodes, run_sync  # noqa: E402
 from multiagent_rl.envs.kuhn_poker import KuhnPokerEnv, random_policy  # noqa: E402
-from multiagent_rl.health import RunStopped  # noqa: E402
+from multiagent_rl.rollout.health import RunStopped  # noqa: E402
 from multiagent_rl.models import load_model_and_tokenizer, resolve_model  # noqa: E402
-from multiagent_rl.scoring import token_logprobs  # noqa: E402
-from multiagent_rl.trainer import MixedAlgorithmConfig, MixedAlgorithmTrainer  # noqa: E402
+from multiagent_rl.training.scoring import token_logprobs  # noqa: E402
+from multiagent_rl.training.trainer import MixedAlgorithmConfig, MixedAlgorithmTrainer  # noqa: E402
 
 TOL = 1e-3
 
@@ -137,7 +137,7 @@ def test_an_opd_teacher_served_by_vllm_scores_like_a_local_one(server, tiny_path
     w = batch["ref_kl_weights"].bool()
     with torch.no_grad():
         live, _, _ = trainer._token_logps(trainer.model, batch)
-    assert w.any() and (batch["ref_logps"][w] - live[w]).abs().max().item() < TOL  # teacher == student here
+    assert w.any() and (batch["ref_logprobs"][w] - live[w]).abs().max().item() < TOL  # teacher == student here
 
 
 def test_three_training_steps_against_a_frozen_endpoint_opponent(server, tiny_path, oracle, tmp_path):

@@ -1,7 +1,7 @@
 """The algorithm contract, the registry, and helpers shared by the algorithm files.
 
 An algorithm turns finished episodes into per-token training signal. It writes a
-[`TokenStreams`][multiagent_rl.trace.TokenStreams] onto each trace it trains (aligned with
+[`TokenStreams`][multiagent_rl.episodes.trace.TokenStreams] onto each trace it trains (aligned with
 ``trace.token_ids``) and touches nothing else. It only ever trains a trace that is
 ``trainable``, has no ``error``, belongs to an episode with ``ok`` True, and whose role
 (``trace.role``) is in the ``roles`` it was handed (``None`` = every role).
@@ -25,8 +25,10 @@ from typing import Any, ClassVar
 import pydantic
 from pydantic import ConfigDict
 
-from ..episode import Episode
-from ..trace import Trace
+from ..episodes.episode import Episode
+from ..episodes.streams import stream_names
+from ..episodes.trace import Trace
+from ..registry import Registry
 
 
 class AlgorithmConfig(pydantic.BaseModel):
@@ -139,7 +141,7 @@ class Algorithm:
 
 # -- registry -------------------------------------------------------------------------------
 
-ALGORITHMS: dict[str, type[Algorithm]] = {}
+ALGORITHMS: Registry[type[Algorithm]] = Registry("algorithm", base=Algorithm)
 """Registered algorithm classes by config ``type``."""
 
 
@@ -148,28 +150,14 @@ def register(cls: type[Algorithm]) -> type[Algorithm]:
     name = cls.config_class.model_fields["type"].default
     if not isinstance(name, str) or not name:
         raise TypeError(f"{cls.config_class.__name__}.type needs a string default to be registered")
-    if name in ALGORITHMS and ALGORITHMS[name] is not cls:
-        raise ValueError(f"algorithm type {name!r} is already registered by {ALGORITHMS[name].__name__}")
-    ALGORITHMS[name] = cls
-    return cls
+    return ALGORITHMS.register(name, cls)
 
 
-STREAM_NAMES = ("rl", "ce", "ref_kl")
-"""The loss streams an algorithm may write (the rows of [`multiagent_rl.loss.STREAMS`][])."""
 
 
 def _import_algorithm(path: str) -> type[Algorithm]:
     """Import ``"package.module:MyAlgorithm"`` and register it under its config's ``type``."""
-    import importlib
-
-    module, _, name = path.partition(":")
-    try:
-        cls = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"cannot import algorithm {path!r}: {exc}") from None
-    if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
-        raise ValueError(f"{path!r} is not an Algorithm subclass")
-    return register(cls)
+    return register(ALGORITHMS.lookup(path))
 
 
 def parse_algorithm_config(d: dict[str, Any] | AlgorithmConfig) -> AlgorithmConfig:
@@ -204,9 +192,9 @@ def build_algorithm(d: dict[str, Any] | AlgorithmConfig) -> Algorithm:
     config = parse_algorithm_config(d)
     cls = ALGORITHMS[config.type]
     declared = set(cls.loss_types)
-    if not declared or not declared <= set(STREAM_NAMES) or not set(cls.streams_required()) <= declared:
+    if not declared or not declared <= set(stream_names()) or not set(cls.streams_required()) <= declared:
         raise TypeError(
-            f"{cls.__name__}.loss_types = {cls.loss_types!r} must name one or more of {STREAM_NAMES} "
+            f"{cls.__name__}.loss_types = {cls.loss_types!r} must name one or more of {stream_names()} "
             f"(and required_streams a subset of them)"
         )
     return cls(config)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from ..trace import TokenStreams, Trace
+from ..episodes.trace import TokenStreams, Trace
 from .base import on_kind, register
 from .grpo import GRPO, GRPOConfig
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from ..episode import Episode
-from ..trace import TokenStreams, Trace
+from ..episodes.episode import Episode
+from ..episodes.trace import TokenStreams, Trace
 from .base import Algorithm, AlgorithmConfig, PeerKey, by_role, on_kind, peer_groups, register
 
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Literal
 
-from ..episode import Episode
-from ..trace import Trace
+from ..episodes.episode import Episode
+from ..episodes.trace import Trace
 from .base import register
 from .grpo import GRPO, GRPOConfig, relative_advantages
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from ..episode import Episode
-from ..trace import TokenStreams, Trace
+from ..episodes.episode import Episode
+from ..episodes.trace import TokenStreams, Trace
 from .base import Algorithm, AlgorithmConfig, AlgorithmContext, is_trained, register
 
 

@@ -19,8 +19,8 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from ..backends import TransformersBackend
-from ..episode import Episode
-from ..task import Task
+from ..episodes.episode import Episode
+from ..tasks.task import Task
 from .base import Algorithm, AlgorithmConfig, AlgorithmContext, is_trained, register
 from .opd import teacher_streams
 

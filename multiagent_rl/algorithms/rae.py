@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from ..episode import Episode
-from ..trace import TokenStreams
+from ..episodes.episode import Episode
+from ..episodes.trace import TokenStreams
 from .base import Algorithm, AlgorithmConfig, on_kind, register, trained_traces
 
 

@@ -35,9 +35,8 @@ class VLLMColocatedBackend(TickBatcher):
         super().__init__()
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process: weights by reference
         os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc with our own function
-        from vllm import LLM
-
         import torch
+        from vllm import LLM
 
         options: dict[str, Any] = dict(model=model_path, tokenizer=model_path, max_model_len=max_model_len, seed=seed,
                                        enforce_eager=enforce_eager, logprobs_mode="processed_logprobs", max_logprobs=-1,

@@ -5,8 +5,8 @@ For each information state s: ``avg(a|s) = Σ_k w_k ρ_k(s) π_k(a|s) / Σ_k w_k
 renormalised row and ``ρ_k(s)`` the acting player's own probability of the actions that lead to s under it. The
 average is the behaviour policy equivalent to playing snapshot k with probability proportional to ``w_k`` for a
 whole game. States no snapshot reaches get the uniform policy. A game supplies its states, legal actions, own-reach
-and row normalisation, and how a state is written in a checkpoint ([`multiagent_rl.games.kuhn.AveragePolicy`][],
-[`multiagent_rl.games.leduc.AveragePolicy`][]).
+and row normalisation, and how a state is written in a checkpoint ([`multiagent_rl.envs.kuhn_poker.rules.AveragePolicy`][],
+[`multiagent_rl.envs.leduc_poker.rules.AveragePolicy`][]).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ One episode, as its rules:
    share of tests passed.
 5. The ``judge`` gets the spec, the solver's whole transcript and the workspace, with tools (``list_files``,
    ``read_file``, ``run_tests``, ``check_examples``, ``run_python``: every command in the sandbox) through the
-   tool harness, and ends with a verdict over the rubric ([`multiagent_rl.rubric`][]). Its score in [0, 1] is the
+   tool harness, and ends with a verdict over the rubric ([`multiagent_rl.tools.rubric`][]). Its score in [0, 1] is the
    ``judge`` reward.
 6. The solver's reward is ``task_weight × tests + judge_weight × judge``. The defaults (0, 1) let the judge
    overrule the tests entirely: a solution that fits a wrong test but breaks the spec earns nothing. Every reward
@@ -40,11 +40,12 @@ import re
 import string
 from typing import Any
 
-from ...env import Env
-from ...rubric import Rubric, VerdictError
-from ...sandbox import Sandbox, SandboxConfig, Workspace, WorkspaceEscape
-from ...task import Task, TaskData
+from ...tasks.task import Task, TaskData
 from ...tools import tool_call_text
+from ...tools.rubric import Rubric, VerdictError
+from ...tools.sandbox import Sandbox, SandboxConfig, Workspace, WorkspaceEscape
+from ..base import Env
+from ..registry import register_env
 from .grading import CALL_TIMEOUT, grade, task_files
 from .tasks import CODE_TASKS, CodeTask, code_task, spec_text
 
@@ -64,6 +65,7 @@ def extract_code(reply: str) -> str:
     return (blocks[-1] if blocks else reply).strip() + "\n"
 
 
+@register_env("agentic_judge")
 class AgenticJudgeEnv(Env):
     """Seats ``solver`` and ``judge``; a task is one code task
     ([`CODE_TASKS`][multiagent_rl.envs.agentic_judge.tasks.CODE_TASKS])."""

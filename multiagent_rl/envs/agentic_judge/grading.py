@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Literal
 
-from ...sandbox import CommandResult, Sandbox
+from ...tools.sandbox import CommandResult, Sandbox
 from .tasks import CodeTask, spec_text
 
 CALL_TIMEOUT = 5.0

@@ -1,0 +1,132 @@
+"""Evaluating a proposer–solver run: the solver's held-out accuracy per difficulty, free-text proposal validity,
+and the curriculum's curves and plot."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any
+
+from transformers import TrainerCallback
+
+from ...agents.agent import Agent, AgentConfig, single_turn
+from ...tasks.task import Task, TaskData
+from ..base import run_sync
+from . import last_integer, parse_proposal, proposer_prompt, solver_prompt
+from .problems import LEVELS, make_problem
+
+
+def held_out_problems(topic: str = "addition", per_level: int = 64, seed: int = 12345,
+                      levels: list[int] | None = None) -> dict[int, list[tuple[str, int]]]:
+    """A fixed evaluation set per level (1-digit sums have only 100 problems, so level 1's repeats)."""
+    rng = random.Random(seed)
+    return {level: [make_problem(topic, level, rng) for _ in range(per_level)] for level in (levels or sorted(LEVELS))}
+
+
+def solve_accuracy(agent: Any, problems: dict[int, list[tuple[str, int]]]) -> dict[int, float]:
+    """Accuracy per level of ``agent`` (e.g. greedy: ``sampling={"temperature": 0}``) on ``problems``."""
+    async def one(problem: str, answer: int) -> float:
+        trace = await single_turn(agent.interaction(Task(TaskData(prompt=solver_prompt(problem)))))
+        return float(last_integer(trace.last_reply or "") == answer)
+
+    async def all_levels() -> dict[int, float]:
+        out = {}
+        for level, items in problems.items():
+            scores = await asyncio.gather(*(one(p, a) for p, a in items))
+            out[level] = sum(scores) / len(scores)
+        return out
+
+    return run_sync(all_levels())
+
+
+def free_text_validity(backend: Any, topic: str, n: int = 128, max_new_tokens: int = 40) -> float:
+    """The share of free-text proposals, sampled from ``backend`` at temperature 1, that parse."""
+    proposer = Agent(AgentConfig(model="policy", sampling={"max_new_tokens": max_new_tokens}), backend)
+
+    async def play():
+        return await asyncio.gather(*(proposer.run(Task(TaskData(prompt=proposer_prompt(topic)))) for _ in range(n)))
+
+    return sum(parse_proposal(t.last_reply or "") is not None for t in run_sync(play())) / n
+
+
+class SolverEvaluation(TrainerCallback):
+    """Greedy solve accuracy per difficulty level on a fixed held-out set, every ``every`` steps (``eval/ps/...``
+    metrics, `points`); and when the warm-up ends, the validity of free-text proposals sampled from the
+    policy. Its state travels in checkpoints."""
+
+    def __init__(self, every: int, levels: list[int], topic: str, warmup_steps: int, per_level: int = 48):
+        self.every, self.warmup_steps, self.topic = every, warmup_steps, topic
+        self.problems = held_out_problems(topic, per_level=per_level, levels=levels)
+        self.points: list[dict] = []
+        self.validity_after_warmup: float | None = None
+        self.trainer = None
+
+    def state_dict(self):
+        return {"points": self.points, "validity_after_warmup": self.validity_after_warmup}
+
+    def load_state_dict(self, state):
+        self.points, self.validity_after_warmup = list(state["points"]), state["validity_after_warmup"]
+
+    def on_step_end(self, args, state, control, **kwargs):
+        step = state.global_step
+        trainer = self.trainer
+        if step == self.warmup_steps and self.validity_after_warmup is None:
+            self.validity_after_warmup = free_text_validity(trainer.rollout.policy, self.topic)
+            trainer.record_metric("eval/ps/free_text_validity", self.validity_after_warmup)
+        if step % self.every and step != state.max_steps:
+            return
+        greedy = Agent(AgentConfig(model="policy", sampling={"temperature": 0.0, "max_new_tokens": 6}),
+                       trainer.rollout.policy)
+        accuracy = solve_accuracy(greedy, self.problems)
+        self.points.append({"step": step, **{f"L{level}": acc for level, acc in accuracy.items()}})
+        for level, acc in accuracy.items():
+            trainer.record_metric(f"eval/ps/accuracy_L{level}", acc)
+
+
+def curves(log_history: list[dict], levels: list[int]) -> list[dict]:
+    """Per logging step: validity, learnability (trained proposer and uniform probe), difficulty shares."""
+    rows = []
+    for h in log_history:
+        if "loss" not in h:
+            continue
+        row = {"step": h["step"]}
+        for env in ("curriculum", "uniform_probe", "warmup"):
+            for algo in ("hierarchical_grpo", "untrained", "sft"):
+                prefix = f"{env}/proposer/{algo}/"
+                for key in ("valid", "learnability", "solve_rate"):
+                    if prefix + key in h:
+                        row[f"{env}/{key}"] = h[prefix + key]
+                for level in levels:
+                    if prefix + f"level_{level}" in h:
+                        row[f"{env}/L{level}"] = h[prefix + f"level_{level}"]
+        rows.append(row)
+    return rows
+
+
+def plot_curriculum(rows: list[dict], points: list[dict], levels: list[int], path: str) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(12, 4), dpi=110)
+    FigureCanvasAgg(fig)
+    ax1, ax2, ax3 = fig.subplots(1, 3)
+    for env, style in (("curriculum", "-"), ("uniform_probe", "--")):
+        xs = [r["step"] for r in rows if f"{env}/learnability" in r]
+        ax1.plot(xs, [r[f"{env}/learnability"] for r in rows if f"{env}/learnability" in r], style,
+                 label=f"learnability ({'proposer' if env == 'curriculum' else 'uniform proposer'})")
+    xs = [r["step"] for r in rows if "curriculum/valid" in r]
+    ax1.plot(xs, [r["curriculum/valid"] for r in rows if "curriculum/valid" in r], ":", label="validity")
+    ax1.set_xlabel("step"), ax1.set_title("proposals"), ax1.legend(fontsize=7), ax1.set_ylim(-0.02, 1.05)
+    xs = [r["step"] for r in rows if "curriculum/L1" in r]
+    if xs:
+        ax2.stackplot(xs, *[[r.get(f"curriculum/L{d}", 0) for r in rows if "curriculum/L1" in r] for d in levels],
+                      labels=[f"level {d}" for d in levels])
+    ax2.set_xlabel("step"), ax2.set_title("proposed difficulty"), ax2.legend(fontsize=7, loc="lower left")
+    for d in levels:
+        ax3.plot([p["step"] for p in points], [p[f"L{d}"] for p in points], marker="o", ms=2, label=f"level {d}")
+    ax3.set_xlabel("step"), ax3.set_title("solver held-out accuracy (greedy)"), ax3.legend(fontsize=7)
+    ax3.set_ylim(-0.02, 1.02)
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+
+

@@ -1,0 +1,86 @@
+"""Evaluating a simulated-user run: the assistant's success on held-out scenarios, per persona, and the plot."""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from typing import Any
+
+from transformers import TrainerCallback
+
+from ...agents.agent import Agent, AgentConfig, make_agent
+from ...tasks.task import Task
+from ..base import play_episodes, run_sync
+from . import PERSONAS, UserSimEnv, scripted_user
+
+
+def held_out_scenarios(env: UserSimEnv, per_persona: int = 16, seed: int = 4242) -> list[Task]:
+    """A fixed set of scenarios on goals never used in training (``env`` built with ``split="held_out"``)."""
+    rng = random.Random(seed)
+    return [env.scenario(rng.choice(env.goals), persona, rng.randrange(2**31))
+            for persona in env.personas for _ in range(per_persona)]
+
+
+def success_by_persona(assistant: Any, env: UserSimEnv, tasks: list[Task], user: Any = None) -> dict[str, float]:
+    """The assistant's success rate per persona on ``tasks`` against the scripted user (or ``user``)."""
+    user = user or make_agent(AgentConfig(model="scripted", policy=scripted_user()))
+    episodes = run_sync(play_episodes(env, tasks, {"user": user, "assistant": assistant}, seed="eval",
+                                      trainable={"user": False, "assistant": False}))
+    by: dict[str, list[float]] = defaultdict(list)
+    for ep, task in zip(episodes, tasks):
+        traces = ep.by_role("assistant") if ep.ok else []
+        by[task.data.info["persona"]].append(traces[0].metrics["success"] if traces else 0.0)
+    out = {p: sum(v) / len(v) for p, v in by.items()}
+    out["all"] = sum(sum(v) for v in by.values()) / sum(len(v) for v in by.values())
+    return out
+
+
+class UserSimEvaluation(TrainerCallback):
+    """Greedy success per persona on held-out scenarios at the end of the warm-up and every ``every`` steps
+    (``eval/us/...`` metrics, `points`). Its state travels in checkpoints."""
+
+    def __init__(self, every: int, warmup_steps: int, per_persona: int = 16, menu: bool = True,
+                 personas: tuple[str, ...] = PERSONAS, max_turns: int = 6):
+        self.every, self.warmup_steps = every, warmup_steps
+        self.env = UserSimEnv(personas=personas, menu=menu, split="held_out", max_turns=max_turns)
+        self.tasks = held_out_scenarios(self.env, per_persona)
+        self.points: list[dict] = []
+        self.trainer = None
+
+    def state_dict(self):
+        return {"points": self.points}
+
+    def load_state_dict(self, state):
+        self.points = list(state["points"])
+
+    def on_step_end(self, args, state, control, **kwargs):
+        step = state.global_step
+        if step != self.warmup_steps and (step % self.every or step < self.warmup_steps) and step != state.max_steps:
+            return
+        trainer = self.trainer
+        greedy = Agent(AgentConfig(model="policy", sampling={"temperature": 0.0, "max_new_tokens": 24}),
+                       trainer.rollout.policy)
+        success = success_by_persona(greedy, self.env, self.tasks)
+        self.points.append({"step": step, **success})
+        for persona, value in success.items():
+            trainer.record_metric(f"eval/us/success_{persona}", value)
+
+
+def plot_user_sim(points: list[dict], warmup_steps: int, path: str, title: str = "") -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6, 4), dpi=110)
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    for key in (*PERSONAS, "all"):
+        xs = [p["step"] for p in points if key in p]
+        ax.plot(xs, [p[key] for p in points if key in p], "-o" if key == "all" else "-", markersize=3, label=key,
+                linewidth=2.5 if key == "all" else 1.2)
+    ax.axvline(warmup_steps, color="gray", linestyle=":", label="end of warm-up")
+    ax.set_xlabel("step")
+    ax.set_ylabel("held-out success (greedy)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.savefig(path, bbox_inches="tight")

@@ -1,0 +1,83 @@
+"""What every game's evaluation during training shares: read the model's policy every few steps, score it and the
+reach-weighted average of the readings exactly, log both, and survive a resume.
+
+A game plugs in by subclassing [`GameEvaluation`][multiagent_rl.games.evaluation.GameEvaluation] with its name (the
+metric prefix), its average policy, how the model's policy is read and how a table is scored
+([`KuhnEvaluation`][multiagent_rl.envs.kuhn_poker.evaluation.KuhnEvaluation],
+[`LeducEvaluation`][multiagent_rl.envs.leduc_poker.evaluation.LeducEvaluation]).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Mapping
+
+from transformers import TrainerCallback
+
+from .average import ReachWeightedAverage
+
+
+class GameEvaluation(TrainerCallback):
+    """Every ``every`` steps (and at the last) the policy is read at all information states; from ``start_step`` on
+    each reading joins the reach-weighted average policy with linear weights (as in CFR+: later, better policies
+    weigh more). The exploitability of both goes into the trainer's log as ``eval/{name}/exploitability`` and
+    ``eval/{name}/avg_exploitability`` (printed on the console line) and into `points`; the average and the
+    curve travel in checkpoints, so a resumed run continues the same curve. Set ``evaluation.trainer = trainer``
+    once the trainer is built."""
+
+    name: str = ""
+    """The metric prefix: ``eval/{name}/...``."""
+
+    def __init__(self, every: int, start_step: int = 0):
+        self.every, self.start_step = every, start_step
+        self.average = self.new_average()
+        self.points: list[dict] = []
+        self.trainer = None
+        self.started = time.time()
+
+    # -- what a game supplies ------------------------------------------------------------------
+    def new_average(self) -> ReachWeightedAverage:
+        """An empty average policy over the game's information states."""
+        raise NotImplementedError
+
+    def read(self, model, tokenizer) -> dict:
+        """The model's policy table, as the seats play it."""
+        raise NotImplementedError
+
+    def exploitability(self, table) -> float:
+        """The exact exploitability of a table."""
+        raise NotImplementedError
+
+    def extra(self, trainer, model, table) -> dict[str, Any]:
+        """More numbers for this evaluation point (logged when listed in `logged`)."""
+        return {}
+
+    logged: tuple[str, ...] = ("exploitability", "avg_exploitability")
+    """The point's keys that go into the trainer's log."""
+
+    # -- the shared part -----------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"average": self.average.state_dict(), "points": self.points, "seconds": time.time() - self.started}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.average.load_state_dict(state["average"])
+        self.points = list(state["points"])
+        self.started = time.time() - float(state["seconds"])
+
+    def on_step_end(self, args, state, control, **kwargs):
+        step = state.global_step
+        if step % self.every and step != state.max_steps:
+            return
+        trainer = self.trainer
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        table = self.read(model, trainer.tokenizer)
+        if step >= self.start_step:
+            self.average.add(table, weight=len(self.average) + 1)
+        point = {"step": step, "episodes": trainer.rollout.episodes_played,
+                 "seconds": round(time.time() - self.started, 1), "exploitability": self.exploitability(table),
+                 "avg_exploitability": self.exploitability(self.average.table()) if len(self.average) else None,
+                 **self.extra(trainer, model, table)}
+        self.points.append(point)
+        for key in self.logged:
+            if point[key] is not None:
+                trainer.record_metric(f"eval/{self.name}/{key}", point[key])

@@ -1,0 +1,285 @@
+"""The rollout engine: environments played by their seats, episodes scored by the algorithms.
+
+[`Orchestrator`][multiagent_rl.rollout.engine.Orchestrator] owns everything between a config and a scored episode: the
+environments and their seats (bound to the policy, frozen models or scripted functions, and checked against
+each env's real seats), the generation backends, the algorithms with the roles each one scores
+and their saved state, the task-group → environment map, the episode sink and the run's health
+checks. It imports nothing from TRL: a notebook or an evaluation uses it alone::
+
+    orchestrator = Orchestrator.from_config({"env": [{"id": "kuhn_poker", "group_size": 4}]})
+    episodes = orchestrator.play(step=0)        # played and checked on this process
+    orchestrator.score(episodes)                 # group credit: per-token streams on the traces
+
+The trainer ([`multiagent_rl.training.trainer`][]) calls the same two methods every step, with a gather
+hook so group credit sees every process's episodes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..agents.agent import AgentConfig, Seat, make_agent
+from ..algorithms import Algorithm, AlgorithmContext, build_algorithm
+from ..backends import GenerationBackend, SamplingParams, TransformersBackend, build_backend
+from ..config import ExperimentConfig
+from ..data.sinks import EpisodeSink
+from ..envs.base import DEFAULT_EPISODE_TIMEOUT, Env, play_episodes, run_sync
+from ..episodes.episode import Episode
+from .health import RunHealth
+
+Gather = Callable[[list[Episode]], tuple[list[Episode], int]]
+"""From this process's episodes: every process's episodes in rank order, and where this process's own
+(copies) start in that list. With one process: ``(episodes, 0)``."""
+
+
+@dataclass
+class EnvSlot:
+    """One ``[[env]]`` entry, bound: its environment, seats, and which algorithm scores which roles."""
+
+    label: str
+    env: Env
+    agents: dict[str, Any]
+    trainable: dict[str, bool]
+    assignment: dict[str, set[str]]
+    """Algorithm key -> the roles it scores."""
+    required_streams: dict[str, list[str]]
+    """Stream -> who needs it ("role (algo)"), for the health check."""
+
+
+class Orchestrator:
+    """Plays and scores episodes for one process (see the module docstring)."""
+
+    def __init__(
+        self,
+        experiment: ExperimentConfig | dict,
+        policy: GenerationBackend | None = None,
+        *,
+        policy_model: Any = None,
+        device: Any = None,
+        seed: int = 0,
+        rank: int = 0,
+        groups_per_step: int = 4,
+        max_concurrency: int = 256,
+        sampling: SamplingParams | None = None,
+        sink: EpisodeSink | None = None,
+        health: RunHealth | None = None,
+    ):
+        self.experiment = experiment if isinstance(experiment, ExperimentConfig) else ExperimentConfig.model_validate(
+            experiment)
+        self.policy, self.policy_model, self.device = policy, policy_model, device
+        self.seed, self.rank = seed, rank
+        self.groups_per_step, self.max_concurrency = groups_per_step, max_concurrency
+        self.sampling = sampling or SamplingParams()
+        self.sink, self.health = sink, health or RunHealth()
+        self.rng = random.Random(seed * 1000 + rank)
+        self.algorithms: dict[str, Algorithm] = {}
+        self.slots = [self._bind(i, label) for i, label in enumerate(_labels(self.experiment))]
+        self.slot_of = {slot.label: slot for slot in self.slots}
+        self.episodes_played = 0
+        self.last_episodes: list[Episode] = []
+        endpoints = self.experiment.endpoints
+        ctx = AlgorithmContext(policy_backend=policy, policy_model=policy_model,
+                               tokenizer=getattr(policy, "tokenizer", None),
+                               load_backend=lambda model: build_backend(model, device=device, endpoints=endpoints))
+        run_sync(_gather(*(a.setup(ctx) for a in self.algorithms.values())))
+
+    @classmethod
+    def from_config(cls, experiment: ExperimentConfig | dict, **kwargs) -> Orchestrator:
+        """An orchestrator whose policy is ``[model] name`` loaded here, frozen (evaluation, notebooks)."""
+        from ..models import load_model_and_tokenizer
+
+        experiment = experiment if isinstance(experiment, ExperimentConfig) else ExperimentConfig.model_validate(
+            experiment)
+        model, tok = load_model_and_tokenizer(experiment.model.name, device=kwargs.get("device"))
+        policy = TransformersBackend(model.eval(), tok, model_id="policy")
+        return cls(experiment, policy, policy_model=model, **kwargs)
+
+    # -- binding seats ---------------------------------------------------------------------------
+    def _bind(self, index: int, label: str) -> EnvSlot:
+        spec = self.experiment.env[index]
+        env = spec.build()
+        self.experiment.check_env_seats(index, env.roles)
+        agents, trainable, assignment = {}, {}, defaultdict(set)
+        for role in env.roles:
+            rc = spec.roles.get(role)
+            model = rc.model if rc else "policy"
+            config = AgentConfig(
+                model=model,
+                sampling=self.sampling.with_overrides(**(rc.sampling if rc else {})),
+                policy=rc.scripted_policy() if rc and rc.model == "scripted" else None,
+                timeout=rc.timeout if rc else None,
+                harness=spec.harness(role),
+            )
+            agents[role] = make_agent(config, policy_backend=self.policy, device=self.device,
+                                      endpoints=self.experiment.endpoints)
+            trainable[role] = self.experiment.seat_trainable(spec, role)
+            if trainable[role]:
+                algo_config = self.experiment.algorithm_for(spec, role)
+                key = algo_config.model_dump_json()
+                if key not in self.algorithms:
+                    self.algorithms[key] = build_algorithm(algo_config)
+                assignment[key].add(role)
+        env.setup({role: Seat(agents[role], role, trainable[role]) for role in env.roles})
+        required: dict[str, list[str]] = defaultdict(list)
+        for key, roles in assignment.items():
+            algo = self.algorithms[key]
+            for stream in algo.streams_required():
+                required[stream].append(f"{'/'.join(sorted(roles))} ({algo.name})")
+        return EnvSlot(label, env, agents, trainable, dict(assignment), dict(required))
+
+    # -- playing -----------------------------------------------------------------------------------
+    def play(self, step: int) -> list[Episode]:
+        """Play this process's ``groups_per_step`` task groups of step ``step`` (envs drawn by weight among
+        the active ones), check them and run the algorithms' per-episode scoring (teachers)."""
+        return run_sync(self.aplay(step))
+
+    async def aplay(self, step: int) -> list[Episode]:
+        """[`play`][multiagent_rl.rollout.engine.Orchestrator.play] from async code."""
+        specs = self.experiment.env
+        active = [i for i, s in enumerate(specs) if s.active(step)]
+        if not active:
+            raise RuntimeError(f"no environment is active at step {step}: check start_step/stop_step")
+        picks = self.rng.choices(active, weights=[specs[i].weight for i in active], k=self.groups_per_step)
+        jobs = []
+        for g, i in enumerate(picks):
+            (task,) = self.slots[i].env.sample_tasks(1, self.rng)
+            jobs.append(self._play_group(i, task, f"s{step}-r{self.rank}-g{g}"))
+        episodes = [ep for group in await asyncio.gather(*jobs) for ep in group]
+        for ep in episodes:
+            self._check(ep)
+        await asyncio.gather(*(self.algorithms[key].score_episode(ep, roles)
+                               for ep in episodes for key, roles in self.slot_of[ep.env].assignment.items()))
+        return episodes
+
+    async def _play_group(self, index: int, task, group: str) -> list[Episode]:
+        spec, slot = self.experiment.env[index], self.slots[index]
+        return await play_episodes(
+            slot.env, [task], slot.agents, group_size=spec.group_size, trainable=slot.trainable,
+            max_concurrency=self.max_concurrency, groups=[group], seed=str(self.seed),
+            timeout=DEFAULT_EPISODE_TIMEOUT if spec.timeout is None else spec.timeout, name=slot.label,
+        )
+
+    def _check(self, episode: Episode) -> None:
+        """Fail an episode whose trained traces an algorithm cannot use (no reward, out of range, too long)."""
+        if not episode.ok:
+            return
+        problems = []
+        limit = getattr(self.policy, "max_context", None)
+        for key, roles in self.slot_of[episode.env].assignment.items():
+            for trace in episode.traces:
+                if trace.trainable and trace.role in roles:
+                    if problem := self.algorithms[key].reward_problem(trace):
+                        problems.append(problem)
+                    if limit is not None and len(trace.token_ids) > limit:
+                        problems.append(f"role {trace.role!r}: trace of {len(trace.token_ids)} tokens exceeds the "
+                                        f"policy's context of {limit} positions")
+        if problems:
+            episode.ok = False
+            episode.errors.append(f"env {episode.env!r}: " + "; ".join(problems))
+
+    # -- scoring -----------------------------------------------------------------------------------
+    def score(self, episodes: list[Episode], step: int = 0, gather: Gather | None = None) -> list[Episode]:
+        """Group credit for this step's episodes; returns every process's episodes (``gather``'s result).
+
+        The algorithms see the whole of each task group, in rank order, so their state (RAE's baselines)
+        is identical on every process; each process keeps its own scored episodes (``last_episodes``, a
+        slice of the result), which go to the sink. Then the run's health is judged on everyone's episodes.
+        """
+        everyone, start = gather(episodes) if gather is not None else (episodes, 0)
+        episodes = everyone[start : start + len(episodes)]
+        groups: dict[str, list[Episode]] = defaultdict(list)
+        for ep in everyone:
+            groups[ep.group].append(ep)
+        for group in groups.values():
+            for key, roles in self.slot_of[group[0].env].assignment.items():
+                self.algorithms[key].score_group(group, roles)
+        for ep in everyone:
+            self._check_streams(ep)
+        self.last_episodes = episodes
+        self.episodes_played += len(everyone)
+        if self.sink is not None:
+            self.sink.write(episodes, step)
+        self.health.after_rollout(everyone, {s.label: s.required_streams for s in self.slots})
+        return everyone
+
+    def _check_streams(self, episode: Episode) -> None:
+        for key, roles in self.slot_of[episode.env].assignment.items():
+            algo = self.algorithms[key]
+            for trace in episode.traces:
+                if trace.role in roles and (problem := algo.stream_problem(trace)):
+                    raise TypeError(problem)
+
+    # -- state ---------------------------------------------------------------------------------------
+    def algorithm_state(self) -> dict:
+        """The algorithms' state (identical on every process), by algorithm config."""
+        return {key: algo.state_dict() for key, algo in self.algorithms.items()}
+
+    def load_algorithm_state(self, state: dict) -> None:
+        for key, algo_state in state.items():
+            if key in self.algorithms:
+                self.algorithms[key].load_state_dict(algo_state)
+
+    def state_dict(self) -> dict:
+        """This process's rollout state: its random stream, the environments' samplers, episodes played."""
+        version, internal, gauss = self.rng.getstate()
+        return {"rng": [version, list(internal), gauss], "episodes_played": self.episodes_played,
+                "envs": {slot.label: slot.env.state_dict() for slot in self.slots}}
+
+    def load_state_dict(self, state: dict) -> None:
+        version, internal, gauss = state["rng"]
+        self.rng.setstate((version, tuple(internal), gauss))
+        self.episodes_played = state["episodes_played"]
+        for slot in self.slots:
+            slot.env.load_state_dict(state["envs"].get(slot.label, {}))
+
+
+async def _gather(*coros):
+    return await asyncio.gather(*coros)
+
+
+def _labels(experiment: ExperimentConfig) -> list[str]:
+    """Label per env entry: its ``name`` or id, suffixed ``#n`` when the same label appears twice."""
+    ids = [spec.name or spec.id for spec in experiment.env]
+    return [i if ids.count(i) == 1 else f"{i}#{n}" for n, i in enumerate(ids)]
+
+
+def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
+    """Per env, role and algorithm: reward mean/std, advantage mean/std, tokens per stream, the env's own
+    trace metrics; per env the number of failed episodes."""
+    from ..episodes.streams import STREAMS
+
+    metrics: dict[str, float] = {}
+    per_env: dict[str, list[Episode]] = defaultdict(list)
+    for ep in episodes:
+        per_env[ep.env].append(ep)
+    for env, eps in per_env.items():
+        metrics[f"{env}/failed_episodes"] = float(sum(not e.ok for e in eps))
+        by_key = defaultdict(list)
+        for ep in eps:
+            if ep.ok:
+                for t in ep.traces:
+                    by_key[(t.streams.algorithm if t.streams else "untrained", t.role)].append(t)
+        for (algo, role), traces in by_key.items():
+            prefix = f"{env}/{role}/{algo}"
+            rewards = [t.reward for t in traces]
+            metrics[f"{prefix}/reward_mean"], metrics[f"{prefix}/reward_std"] = _mean_std(rewards)
+            for stream in STREAMS:
+                values = [w for t in traces if t.streams for w in (getattr(t.streams, stream.field) or [])]
+                nonzero = [w for w in values if w != 0]
+                metrics[f"{prefix}/tokens_{stream.name}"] = float(len(nonzero))
+                if stream.name == "rl" and nonzero:
+                    metrics[f"{prefix}/advantage_mean"], metrics[f"{prefix}/advantage_std"] = _mean_std(nonzero)
+            for key in sorted({k for t in traces for k in t.metrics}):
+                values = [float(t.metrics[key]) for t in traces if key in t.metrics]
+                metrics[f"{prefix}/{key}"] = sum(values) / len(values)
+    return metrics
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    mean = sum(values) / len(values)
+    return mean, (sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5
