@@ -47,14 +47,16 @@ from pydantic import (
 from .agents.harness import HarnessConfig
 from .envs.registry import ENVS
 from .registry import import_object
+from .training.regularisers import RegulariserConfig, parse_regulariser_config
 from .algorithms import ALGORITHMS, AlgorithmConfig, parse_algorithm_config
-from .backends.base import SamplingParams
+from .backends.base import SamplingParams, check_trained_temperature
 from .backends.endpoint import EndpointConfig, is_endpoint_reference, parse_reference
 
 # A dict such as {"type": "grpo"} becomes the registered algorithm's typed config.
 OptionalAlgorithm = Annotated[
     AlgorithmConfig | None, BeforeValidator(lambda v: None if v is None else parse_algorithm_config(v))
 ]
+RegulariserField = Annotated[RegulariserConfig, BeforeValidator(parse_regulariser_config)]
 
 
 class _Strict(BaseModel):
@@ -209,6 +211,35 @@ class ModelConfig(_Strict):
     """vLLM options (used when ``backend = "vllm"``)."""
 
 
+class PhaseConfig(_Strict):
+    """One phase of training: which environment entries are played, for how many steps, at which learning rate.
+
+    ```toml
+    [[phase]]                   # an sft warm-up imitating a scripted player
+    name = "warmup"
+    steps = 100
+    envs = ["kuhn_warmup"]
+    learning_rate = 3e-3
+
+    [[phase]]                   # then self-play RL until [trainer] max_steps, with a fresh Adam
+    name = "selfplay"
+    envs = ["kuhn_selfplay"]
+    fresh_optimizer = true
+    ```
+    """
+
+    name: str
+    steps: int | None = Field(None, ge=1)
+    """Steps of this phase; None for the last phase: until ``[trainer] max_steps``."""
+    envs: list[str]
+    """The ``[[env]]`` entries played in this phase, by label (their ``name``, else their ``id``)."""
+    learning_rate: float | None = Field(None, gt=0)
+    """A fixed learning rate for this phase; None: the trainer's schedule."""
+    fresh_optimizer: bool = False
+    """Forget the optimizer's state (Adam's moments) at the start of this phase: a warm-up's large gradients would
+    otherwise shrink the next phase's first steps for ~1 / (1 − β₂) steps."""
+
+
 class ExperimentConfig(_Strict):
     """Everything one training run needs."""
 
@@ -222,6 +253,12 @@ class ExperimentConfig(_Strict):
     """Fields of [`MixedAlgorithmConfig`][multiagent_rl.training.trainer.MixedAlgorithmConfig] (a TRL ``GRPOConfig``)."""
     endpoints: dict[str, EndpointConfig] = Field(default_factory=dict)
     """Named OpenAI-compatible servers that seats and teachers reach as ``model = "endpoint:NAME"``."""
+    regulariser: list[RegulariserField] = Field(default_factory=list)
+    """Loss terms added to the streams' loss, in this order (``[[regulariser]] type = "entropy"`` or ``"magnet"``;
+    [`multiagent_rl.training.regularisers`][])."""
+    phase: list[PhaseConfig] = Field(default_factory=list)
+    """Training phases in order (``[[phase]]``); none: every env entry is played by its own ``start_step`` /
+    ``stop_step``."""
 
     @field_validator("trainer")
     @classmethod
@@ -234,12 +271,8 @@ class ExperimentConfig(_Strict):
     def _check(self):
         if not self.env:
             raise ValueError("the experiment needs at least one [[env]]")
-        temperature = self.trainer.get("temperature", 1.0)
-        if temperature <= 0:
-            raise ValueError(
-                f"[trainer] temperature = {temperature}: the policy's seats are trained on their samples, which "
-                "needs temperature > 0 (greedy decoding is for evaluation; frozen seats may use 0)"
-            )
+        self._apply_phases()
+        check_trained_temperature(self.trainer.get("temperature", 1.0), "[trainer] temperature")
         for i, env in enumerate(self.env):
             for role, rc in env.roles.items():
                 if is_endpoint_reference(rc.model):
@@ -252,6 +285,47 @@ class ExperimentConfig(_Strict):
                     "model or scripted policy; unlisted seats play the policy"
                 )
         return self
+
+    def _apply_phases(self) -> None:
+        """Each env entry's steps from the phases that list it (contiguous; explicit start/stop steps clash)."""
+        if not self.phase:
+            return
+        labels = env_labels(self)
+        starts, start = [], 0
+        for i, phase in enumerate(self.phase):
+            if phase.steps is None and i != len(self.phase) - 1:
+                raise ValueError(f"[[phase]] {phase.name!r}: only the last phase may leave out steps")
+            unknown = set(phase.envs) - set(labels)
+            if unknown:
+                raise ValueError(f"[[phase]] {phase.name!r} names unknown env entries {sorted(unknown)}; the entries "
+                                 f"are {labels} (their name, else their id)")
+            starts.append(start)
+            start += phase.steps or 0
+        for env, label in zip(self.env, labels):
+            listed = [i for i, phase in enumerate(self.phase) if label in phase.envs]
+            if not listed:
+                raise ValueError(f"env {label!r} is in no [[phase]]: list it in the phases it is played in")
+            if listed != list(range(listed[0], listed[-1] + 1)):
+                raise ValueError(f"env {label!r} is listed in phases that are not consecutive: give it one entry per "
+                                 "stretch (two [[env]] entries with different names)")
+            if env.start_step or env.stop_step is not None:
+                if (env.start_step, env.stop_step) != self._phase_steps(starts, listed):
+                    raise ValueError(f"env {label!r}: start_step / stop_step clash with its [[phase]]s; leave them "
+                                     "out, the phases set them")
+            env.start_step, env.stop_step = self._phase_steps(starts, listed)
+
+    def _phase_steps(self, starts: list[int], listed: list[int]) -> tuple[int, int | None]:
+        last = self.phase[listed[-1]]
+        return starts[listed[0]], None if last.steps is None else starts[listed[-1]] + last.steps
+
+    def phase_boundaries(self) -> list[tuple[int, int | None, PhaseConfig]]:
+        """``(start, stop, phase)`` of every phase (stop None: until the end)."""
+        out, start = [], 0
+        for phase in self.phase:
+            stop = None if phase.steps is None else start + phase.steps
+            out.append((start, stop, phase))
+            start = stop or start
+        return out
 
     def check_seat(self, env_index: int, role: str, rc: RoleConfig | None) -> None:
         """Raise a ValueError naming the key and the fix when seat ``role`` of env ``env_index`` cannot train.
@@ -288,12 +362,8 @@ class ExperimentConfig(_Strict):
                 "sampled, so its replies cannot be trained on; set trainable = false, or serve the model with vLLM "
                 "('vllm:URL#MODEL') for token-exact traces"
             )
-        temperature = rc.sampling.get("temperature")
-        if rc.model == "policy" and temperature is not None and temperature <= 0:
-            raise ValueError(
-                f"{where}: {listed} sampling.temperature = {temperature}, but the seat is trained on its samples, "
-                "which needs temperature > 0 (greedy decoding is for evaluation; frozen seats may use 0)"
-            )
+        if rc.model == "policy" and rc.sampling.get("temperature") is not None:
+            check_trained_temperature(rc.sampling["temperature"], f"{where}: {listed} sampling.temperature")
 
     def check_env_seats(self, env_index: int, seats: Iterable[str]) -> None:
         """Check env ``env_index`` against the seats its environment really has (listed or not)."""
@@ -332,6 +402,12 @@ class ExperimentConfig(_Strict):
         return cls.model_validate(data)
 
 
+def env_labels(experiment: ExperimentConfig) -> list[str]:
+    """Label per env entry: its ``name`` or id, suffixed ``#n`` when the same label appears twice."""
+    ids = [spec.name or spec.id for spec in experiment.env]
+    return [i if ids.count(i) == 1 else f"{i}#{n}" for n, i in enumerate(ids)]
+
+
 @functools.lru_cache(maxsize=1)
 def _trainer_fields() -> dict[str, Any]:
     import typing
@@ -367,3 +443,21 @@ def check_trainer_field(key: str, value: Any) -> None:
             f"[trainer] {key} = {value!r} ({type(value).__name__}) is not a valid {fields[key]}; "
             "write numbers without quotes"
         ) from None
+
+
+def warmup_then_rl(warmup_steps: int, warmup: list[str], rl: list[str], warmup_lr: float | None = None,
+                   fresh_optimizer: bool = False) -> list[dict[str, Any]]:
+    """The two ``[[phase]]`` entries of a warm-up (``warmup`` env entries for ``warmup_steps`` steps, at ``warmup_lr``)
+    followed by RL (``rl`` entries until the end, with a fresh optimizer state if asked); none without a warm-up.
+
+    ```pycon
+    >>> [p["name"] for p in warmup_then_rl(100, ["kuhn_warmup"], ["kuhn_selfplay"], 3e-3)]
+    ['warmup', 'rl']
+
+    ```
+    """
+    if not warmup_steps:
+        return []
+    return [{"name": "warmup", "steps": warmup_steps, "envs": warmup,
+             **({"learning_rate": warmup_lr} if warmup_lr is not None else {})},
+            {"name": "rl", "envs": rl, "fresh_optimizer": fresh_optimizer}]

@@ -41,7 +41,6 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
-from multiagent_rl.training.callbacks import FreshOptimizerState, PhaseLearningRate  # noqa: E402
 from multiagent_rl.config import ExperimentConfig  # noqa: E402
 from multiagent_rl.envs.kuhn_poker import KuhnPokerEnv  # noqa: E402
 from multiagent_rl.envs.kuhn_poker.exploitability import evaluation_report  # noqa: E402
@@ -59,8 +58,9 @@ DEFAULTS = dict(model="tiny", backend="transformers", vllm_mode="colocate", vllm
                 output_dir="outputs/kuhn_poker", seed=0, report_to=[])
 # Flags that rewrite a --config file's settings, and where they go.
 OVERRIDES = {"steps": "max_steps", "lr": "learning_rate", "seed": "seed", "report_to": "report_to",
-             "groups_per_step": "groups_per_step", "entropy_coef": "entropy_coef", "output_dir": "output_dir"}
-NOT_WITH_CONFIG = ("warmup_steps", "warmup_group_size", "warmup_lr", "free_text", "backend", "vllm_mode", "vllm_url", "entropy_final",
+             "groups_per_step": "groups_per_step", "output_dir": "output_dir"}
+NOT_WITH_CONFIG = ("warmup_steps", "warmup_group_size", "warmup_lr", "free_text", "backend", "vllm_mode", "vllm_url",
+                   "entropy_coef", "entropy_final",
                    "magnet_coef", "magnet_every", "final_lr_ratio")
 
 
@@ -106,26 +106,33 @@ def experiment(args) -> ExperimentConfig:
     warmup_seat = {"model": "scripted", "policy": WARMUP_POLICY, "policy_args": {"seed": args.seed, "low": 0.1, "high": 0.9, "two_point": True},
                    "algo": {"type": "sft"}}
     env_args = {"legal_choices": not args.free_text, "reward": "unit" if args.algo == "max_rl" else "chips"}
-    envs = [{"id": "kuhn_poker", "name": "kuhn_selfplay", "args": env_args, "group_size": args.group_size,
-             "start_step": args.warmup_steps}]
+    envs = [{"id": "kuhn_poker", "name": "kuhn_selfplay", "args": env_args, "group_size": args.group_size}]
+    phases = []
     if args.warmup_steps:
         envs.insert(0, {"id": "kuhn_poker", "name": "kuhn_warmup", "args": env_args, "group_size": args.warmup_group_size,
-                        "stop_step": args.warmup_steps,
                         "roles": {"player_0": warmup_seat, "player_1": warmup_seat}})
+        # the RL phase starts with a fresh Adam: the warm-up's second moments would shrink its first few hundred steps
+        phases = [{"name": "warmup", "steps": args.warmup_steps, "envs": ["kuhn_warmup"], "learning_rate": args.warmup_lr},
+                  {"name": "selfplay", "envs": ["kuhn_selfplay"], "fresh_optimizer": not args.carry_warmup_optimizer}]
+    regularisers = []
+    if args.entropy_coef or args.entropy_final is not None:
+        regularisers.append({"type": "entropy", "coef": args.entropy_coef,
+                             **({"final": args.entropy_final, "anneal_start": args.warmup_steps}
+                                if args.entropy_final is not None else {})})
+    if args.magnet_coef:
+        regularisers.append({"type": "magnet", "coef": args.magnet_coef, "start": args.warmup_steps,
+                             "every": args.magnet_every})
     return ExperimentConfig.model_validate({
         "algo": _algo(args.algo),
         "model": {"name": args.model, "backend": args.backend,
                   "vllm": {"mode": args.vllm_mode, **({"base_url": args.vllm_url} if args.vllm_url else {})}},
         "env": envs,
+        "phase": phases,
+        "regulariser": regularisers,
         "trainer": {
             "output_dir": args.output_dir,
             "max_steps": args.steps,
             "learning_rate": args.lr,
-            "entropy_coef": args.entropy_coef,
-            **({"entropy_coef_final": args.entropy_final, "entropy_anneal_start": args.warmup_steps}
-               if args.entropy_final is not None else {}),
-            **({"magnet_coef": args.magnet_coef, "magnet_start": args.warmup_steps, "magnet_every": args.magnet_every}
-               if args.magnet_coef else {}),
             # transformers' polynomial schedule with power 1 is a linear decay to lr_end at the last step
             **({"lr_scheduler_type": "polynomial",
                 "lr_scheduler_kwargs": {"lr_end": args.lr * args.final_lr_ratio, "power": 1.0}}
@@ -144,7 +151,8 @@ def from_file(path: str, args, given: set[str]) -> ExperimentConfig:
     config = ExperimentConfig.from_toml(path)
     clash = sorted(f"--{k.replace('_', '-')}" for k in given & set(NOT_WITH_CONFIG))
     if clash:
-        raise SystemExit(f"{', '.join(clash)} cannot be combined with --config: set the phase in the file instead")
+        raise SystemExit(f"{', '.join(clash)} cannot be combined with --config: set the phases and regularisers in the "
+                         "file instead ([[phase]], [[regulariser]])")
     data = config.model_dump()
     for flag, key in OVERRIDES.items():
         if flag in given:
@@ -188,17 +196,17 @@ def parse(argv=None) -> tuple[argparse.Namespace, set[str]]:
     p.add_argument("--lr", type=float, help="Adam learning rate of the RL phase (default 3e-4)")
     p.add_argument("--warmup-lr", type=float, help="learning rate of the sft warm-up (default 3e-3)")
     p.add_argument("--entropy-coef", type=float,
-                   help="entropy bonus on the RL tokens (TRL's entropy_coef). Default 0 (the magnet's first period "
+                   help="entropy bonus on the RL tokens (the entropy regulariser's coef). Default 0 (the magnet's first period "
                         "plays its part); 0.3 with --magnet-coef 0 and the legal-action harness, where it is the entropy "
                         "over the two legal words and keeps self-play from collapsing to pure strategies; 0 with "
                         "--free-text, where it would spread mass over the whole vocabulary")
     p.add_argument("--entropy-final", type=float,
                    help="anneal the entropy bonus linearly to this value, from the end of the warm-up to the last "
-                        "step (the trainer's entropy_coef_final; default: a constant bonus)")
+                        "step (the entropy regulariser's final; default: a constant bonus)")
     p.add_argument("--magnet-coef", type=float,
                    help="R-NaD-style regularisation: weight of the KL pull toward a magnet that is uniform for "
                         "--magnet-every steps after the warm-up, then a frozen copy of the policy renewed every "
-                        "--magnet-every steps (the trainer's magnet_coef). Default 0.3 with the legal-action harness; "
+                        "--magnet-every steps (the magnet regulariser's coef). Default 0.3 with the legal-action harness; "
                         "0 (off) with --free-text, where a uniform magnet would spread mass over the whole vocabulary")
     p.add_argument("--magnet-every", type=int, help="steps between magnet renewals (default 200)")
     p.add_argument("--final-lr-ratio", type=float,
@@ -252,13 +260,9 @@ def main(argv=None) -> dict:
     stops = [e.stop_step for e in config.env if e.stop_step is not None]
     warmup = max(stops, default=0)
     evaluation = KuhnEvaluation(args.eval_every, start_step=warmup)
-    # the RL phase starts with a fresh Adam: the warm-up's second moments would shrink its first few hundred steps
-    phases = [PhaseLearningRate([(0, warmup, args.warmup_lr)])]
-    if warmup and not args.carry_warmup_optimizer:
-        phases.append(FreshOptimizerState([warmup]))
     teacher = warmup_teacher(config) if warmup else None
     check = WarmupCheck(warmup, teacher, evaluation) if teacher else None
-    trainer = MixedAlgorithmTrainer(config, callbacks=[evaluation, *phases, *([check] if check else [])])
+    trainer = MixedAlgorithmTrainer(config, callbacks=[evaluation, *([check] if check else [])])
     evaluation.trainer = trainer
     legal_choices = any(isinstance(slot.env, KuhnPokerEnv) and slot.env.legal_choices for slot in trainer.rollout.slots)
     evaluation.legal_choices = legal_choices

@@ -20,7 +20,7 @@ import sys
 
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
-from multiagent_rl.training.callbacks import FreshOptimizerState, PhaseLearningRate  # noqa: E402
+from multiagent_rl.config import warmup_then_rl  # noqa: E402
 from multiagent_rl.envs.leduc_poker.evaluation import LeducEvaluation  # noqa: E402
 from multiagent_rl.training.run import finish, train  # noqa: E402
 from multiagent_rl.training.trainer import MixedAlgorithmTrainer  # noqa: E402
@@ -31,19 +31,22 @@ ENV = "multiagent_rl.envs.leduc_poker"
 def experiment(args) -> dict:
     warmup_seat = {"model": "scripted", "policy": f"{ENV}:random_mixed_policy", "policy_args": {"seed": args.seed},
                    "algo": {"type": "sft"}}
-    envs = [{"id": f"{ENV}:LeducPokerEnv", "name": "leduc_selfplay", "group_size": args.group_size,
-             "start_step": args.warmup_steps}]
+    envs = [{"id": "leduc_poker", "name": "leduc_selfplay", "group_size": args.group_size}]
     if args.warmup_steps:
-        envs.insert(0, {"id": f"{ENV}:LeducPokerEnv", "name": "leduc_warmup", "group_size": args.group_size,
-                        "stop_step": args.warmup_steps, "roles": {"player_0": warmup_seat, "player_1": warmup_seat}})
+        envs.insert(0, {"id": "leduc_poker", "name": "leduc_warmup", "group_size": args.group_size,
+                        "roles": {"player_0": warmup_seat, "player_1": warmup_seat}})
     trainer = {"output_dir": args.output_dir, "max_steps": args.steps, "learning_rate": args.lr,
-               "entropy_coef": args.entropy_coef, "lr_scheduler_type": "constant",
+               "lr_scheduler_type": "constant",
                "groups_per_step": args.groups_per_step, "seed": args.seed, "report_to": args.report_to,
                "logging_steps": args.eval_every, "disable_tqdm": False, "max_completion_length": 4,
                "save_strategy": "no"}
-    if args.entropy_final is not None:
-        trainer.update(entropy_coef_final=args.entropy_final, entropy_anneal_start=args.warmup_steps)
-    return {"algo": {"type": args.algo}, "model": {"name": args.model}, "env": envs, "trainer": trainer}
+    entropy = [{"type": "entropy", "coef": args.entropy_coef,
+                **({"final": args.entropy_final, "anneal_start": args.warmup_steps} if args.entropy_final is not None
+                   else {})}] if args.entropy_coef or args.entropy_final is not None else []
+    phases = warmup_then_rl(args.warmup_steps, ["leduc_warmup"], ["leduc_selfplay"], args.warmup_lr,
+                            fresh_optimizer=args.fresh_optimizer)
+    return {"algo": {"type": args.algo}, "model": {"name": args.model}, "env": envs, "phase": phases,
+            "regulariser": entropy, "trainer": trainer}
 
 
 def plot(points: list[dict], path: str) -> None:
@@ -88,10 +91,7 @@ def main(argv=None) -> dict:
     args = p.parse_args(argv)
 
     evaluation = LeducEvaluation(args.eval_every, start_step=args.warmup_steps)
-    phases = [PhaseLearningRate([(0, args.warmup_steps, args.warmup_lr)])]
-    if args.warmup_steps and args.fresh_optimizer:
-        phases.append(FreshOptimizerState([args.warmup_steps]))
-    trainer = MixedAlgorithmTrainer(experiment(args), callbacks=[evaluation, *phases])
+    trainer = MixedAlgorithmTrainer(experiment(args), callbacks=[evaluation])
     evaluation.trainer = trainer
     interrupted = train(trainer)
     points = evaluation.points

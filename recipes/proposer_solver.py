@@ -26,8 +26,7 @@ import sys
 
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
-from multiagent_rl.training.callbacks import PhaseLearningRate  # noqa: E402
-from multiagent_rl.config import ExperimentConfig  # noqa: E402
+from multiagent_rl.config import ExperimentConfig, warmup_then_rl  # noqa: E402
 from multiagent_rl.envs.proposer_solver.evaluation import SolverEvaluation, curves, plot_curriculum  # noqa: E402
 from multiagent_rl.training.run import finish, train  # noqa: E402
 from multiagent_rl.training.trainer import MixedAlgorithmTrainer  # noqa: E402
@@ -43,25 +42,26 @@ def experiment(args) -> ExperimentConfig:
     uniform = {"model": "scripted", "policy": f"{ENV}:uniform_proposer"}
     envs = [
         {"id": "proposer_solver", "name": "curriculum", "args": {**game, "menu": True}, "group_size": args.group_size,
-         "start_step": args.warmup_steps, "roles": {} if args.proposer == "trained" else {"proposer": uniform}},
+         "roles": {} if args.proposer == "trained" else {"proposer": uniform}},
         # the same solver on a uniform proposer's problems, not trained on: the learnability baseline
         {"id": "proposer_solver", "name": "uniform_probe", "args": {**game, "menu": True},
-         "group_size": args.group_size, "start_step": args.warmup_steps, "weight": args.probe_weight,
+         "group_size": args.group_size, "weight": args.probe_weight,
          "roles": {"proposer": uniform, "solver": {"trainable": False}}},
     ]
     if args.warmup_steps:
         envs.insert(0, {"id": "proposer_solver", "name": "warmup", "args": game, "group_size": args.group_size,
-                        "stop_step": args.warmup_steps,
                         "roles": {"proposer": {**imitate, "policy": f"{ENV}:uniform_proposer"},
                                   "solver": {**imitate, **warmup_solver(args.warmup_solver_accuracy)}}})
     return ExperimentConfig.model_validate({
         "model": {"name": args.model},
         "env": envs,
+        "phase": warmup_then_rl(args.warmup_steps, ["warmup"], ["curriculum", "uniform_probe"], args.warmup_lr),
+        "regulariser": [{"type": "entropy", "coef": args.entropy_coef}] if args.entropy_coef else [],
         "trainer": {
             "output_dir": args.output_dir, "max_steps": args.steps, "learning_rate": args.lr,
             "lr_scheduler_type": "constant", "groups_per_step": args.groups_per_step, "seed": args.seed,
             "report_to": args.report_to, "logging_steps": args.log_every, "disable_tqdm": False,
-            "max_completion_length": 40, "entropy_coef": args.entropy_coef,
+            "max_completion_length": 40,
             "save_strategy": "steps" if args.save_every else "no", "save_steps": args.save_every or 500,
             "save_total_limit": 2,
         },
@@ -128,8 +128,7 @@ def main(argv=None) -> dict:
 
     config = experiment(args)
     evaluation = SolverEvaluation(args.eval_every, args.levels, args.topic, args.warmup_steps)
-    callbacks = [evaluation, PhaseLearningRate([(0, args.warmup_steps, args.warmup_lr)])]
-    trainer = MixedAlgorithmTrainer(config, callbacks=callbacks)
+    trainer = MixedAlgorithmTrainer(config, callbacks=[evaluation])
     evaluation.trainer = trainer
     interrupted = train(trainer, resume=args.resume)
     rows = curves(trainer.state.log_history, args.levels)

@@ -21,8 +21,7 @@ import sys
 
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
-from multiagent_rl.training.callbacks import PhaseLearningRate  # noqa: E402
-from multiagent_rl.config import ExperimentConfig  # noqa: E402
+from multiagent_rl.config import ExperimentConfig, warmup_then_rl  # noqa: E402
 from multiagent_rl.envs.user_sim.evaluation import UserSimEvaluation, plot_user_sim  # noqa: E402
 from multiagent_rl.training.run import finish, train  # noqa: E402
 from multiagent_rl.training.trainer import MixedAlgorithmTrainer  # noqa: E402
@@ -32,17 +31,17 @@ ENV = "multiagent_rl.envs.user_sim"
 
 def experiment(args) -> ExperimentConfig:
     game = {"menu": True, "max_turns": args.max_turns}
-    envs = [{"id": "user_sim", "name": "dialogue", "args": game, "group_size": args.group_size,
-             "start_step": args.warmup_steps}]
+    envs = [{"id": "user_sim", "name": "dialogue", "args": game, "group_size": args.group_size}]
     if args.warmup_steps:
         teacher = {"model": "scripted", "policy": f"{ENV}:hasty_assistant", "policy_args": {"patience": args.patience},
                    "algo": {"type": "sft"}}
         envs.insert(0, {"id": "user_sim", "name": "warmup", "args": game, "group_size": args.group_size,
-                        "stop_step": args.warmup_steps, "roles": {"assistant": teacher}})
+                        "roles": {"assistant": teacher}})
     return ExperimentConfig.model_validate({
         "model": {"name": args.model},
         "algo": {"type": "grpo"},
         "env": envs,
+        "phase": warmup_then_rl(args.warmup_steps, ["warmup"], ["dialogue"], args.warmup_lr),
         "trainer": {
             "output_dir": args.output_dir, "max_steps": args.steps, "learning_rate": args.lr,
             "lr_scheduler_type": "constant", "groups_per_step": args.groups_per_step, "seed": args.seed,
@@ -73,8 +72,7 @@ def main(argv=None) -> dict:
 
     evaluation = UserSimEvaluation(args.eval_every, args.warmup_steps, per_persona=args.per_persona,
                                    max_turns=args.max_turns)
-    trainer = MixedAlgorithmTrainer(experiment(args),
-                                    callbacks=[evaluation, PhaseLearningRate([(0, args.warmup_steps, args.warmup_lr)])])
+    trainer = MixedAlgorithmTrainer(experiment(args), callbacks=[evaluation])
     evaluation.trainer = trainer
     interrupted = train(trainer)
     points = evaluation.points

@@ -98,10 +98,11 @@ def build(output_dir: str) -> CountingTrainer:
             },
         ],
     }
+    # the magnet makes the loss read the logits itself (PolicyScorer.logits), under DDP here
+    experiment["regulariser"] = [{"type": "magnet", "coef": 0.1}]
     args = MixedAlgorithmConfig(
         output_dir=output_dir, report_to=[], save_strategy="no", save_episodes=False, max_steps=2,
         learning_rate=1e-3, logging_steps=1, disable_tqdm=True, seed=0,
-        magnet_coef=0.1,  # the loss then reads the logits itself (MixedAlgorithmTrainer._logits_at), under DDP here
     )
     trainer = CountingTrainer(experiment, args=args, model=model, processing_class=tok)
     trainer.rounds = []
@@ -135,7 +136,7 @@ def run(out_dir: str) -> dict:
         ],
         "streams": streams,
         "model_class": type(trainer.model_wrapped).__name__,  # what the loss was given
-        "full_logits_models": sorted(t.__name__ for t in trainer._full_logits_models),
+        "full_logits_models": sorted(t.__name__ for t in trainer.scorer.full_logits_models),
     }
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(result, f)

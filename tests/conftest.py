@@ -80,11 +80,16 @@ def feed(trainer, episodes_for: Callable[[int], list]):
     return trainer
 
 
-def fixed_trainer(output_dir, tiny, experiment, episodes, **kw):
+def fixed_trainer(output_dir, tiny, experiment, episodes, regulariser=None, **kw):
     """A trainer on a copy of the tiny model whose every step plays (a fresh copy of) ``episodes``
-    (or ``episodes(step)`` when it is callable)."""
+    (or ``episodes(step)`` when it is callable); ``regulariser`` is the experiment's ``[[regulariser]]`` list."""
+    from multiagent_rl.config import ExperimentConfig
     from multiagent_rl.training.trainer import MixedAlgorithmTrainer
 
+    if regulariser is not None:
+        experiment = ExperimentConfig.model_validate(experiment) if isinstance(experiment, dict) else experiment
+        experiment = experiment.model_copy(update={"regulariser": ExperimentConfig.model_validate(
+            {"env": [{"id": "kuhn_poker"}], "regulariser": regulariser}).regulariser})
     model, tok = tiny
     source = episodes if callable(episodes) else (lambda step: copy.deepcopy(episodes))
     trainer = MixedAlgorithmTrainer(experiment, args=mixed_args(output_dir, **kw), model=copy.deepcopy(model),

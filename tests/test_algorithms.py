@@ -26,7 +26,7 @@ from multiagent_rl.algorithms.grpo import GRPOConfig
 from multiagent_rl.backends import SamplingParams, TransformersBackend
 from multiagent_rl.episodes.episode import Episode
 from multiagent_rl.envs.proposer_solver.rewards import learnability
-from multiagent_rl.training.scoring import token_logprobs
+from multiagent_rl.backends.scoring import token_logprobs
 from multiagent_rl.tasks.task import Task, TaskData
 from multiagent_rl.episodes.trace import Segment, Trace
 

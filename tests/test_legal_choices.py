@@ -19,7 +19,7 @@ import multiagent_rl as mrl
 from multiagent_rl.agents.agent import Agent, AgentConfig
 from multiagent_rl.envs.base import play_episodes, run_sync
 from multiagent_rl.envs import kuhn_poker as kp
-from multiagent_rl.training.scoring import token_logprobs
+from multiagent_rl.backends.scoring import token_logprobs
 from multiagent_rl.tasks.task import Task, TaskData
 from multiagent_rl.episodes.records import episode_from_record, episode_record
 
@@ -182,7 +182,8 @@ def test_loss_scores_constrained_tokens_as_they_were_sampled(tmp_path, tiny, bac
     episodes = _played_kuhn_episodes(backend)
     assert all(ep.ok for ep in episodes)
     assert all(t.metrics["invalid_replies"] == 0 for ep in episodes for t in ep.traces)
-    trainer = _kuhn_trainer(fixed_trainer, tmp_path, tiny, episodes, entropy_coef=entropy_coef)
+    regulariser = [{"type": "entropy", "coef": entropy_coef}] if entropy_coef else []
+    trainer = _kuhn_trainer(fixed_trainer, tmp_path, tiny, episodes, regulariser=regulariser)
     batch = trainer._generate_and_score_completions(None)
     assert "allowed_ids" in batch
     # one decision token per reply counts (zero advantages included); the forced end-of-turn token does not
@@ -194,7 +195,8 @@ def test_loss_scores_constrained_tokens_as_they_were_sampled(tmp_path, tiny, bac
 
     model = trainer.model
     with torch.no_grad():
-        logps, entropies, _ = trainer._token_logps(model, batch, compute_entropy=True)
+        scored = trainer.scorer.score(model, batch, compute_entropy=True)
+        logps, entropies = scored.logps, scored.entropies
     decision = (batch["allowed_ids"] >= 0).sum(-1) > 1
     torch.testing.assert_close(logps[decision], batch["sampling_logps"][decision], atol=1e-4, rtol=0)
     p = logps[decision].exp()

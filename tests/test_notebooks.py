@@ -29,7 +29,7 @@ NOTEBOOKS: dict[str, tuple[str, ...]] = {
     "notebooks/traces_to_sft.ipynb": ("successful:", "base model, held-out success:",
                                       "fine-tuned on the successful traces, held-out success:"),
     "notebooks/user_sim.ipynb": ("chatty success 1.0", "held-out success per persona", "'adversarial':"),
-    "notebooks/agentic_judge.ipynb": ("judge called run_python ok sandboxed", "judge verdict:", "judged pass rate: first"),
+    "notebooks/agentic_judge.ipynb": ("judge called check_examples ok sandboxed", "judge verdict:", "judged pass rate: first"),
 }
 
 TIMEOUT_S = 300

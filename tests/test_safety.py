@@ -338,7 +338,7 @@ def test_a_policy_seat_with_its_own_temperature_is_trained_at_that_temperature(t
     action = batch["action_mask"].bool()
     assert torch.all(batch["temperatures"][action] == 0.5)
     with torch.no_grad():
-        logps, _, _ = trainer._token_logps(trainer.model, batch)
+        logps = trainer.scorer.score(trainer.model, batch).logps
     diff = (logps - batch["sampling_logps"])[action].abs().max().item()
     assert diff < 1e-5, diff
 

@@ -671,25 +671,30 @@ def mean_rl_entropy(model, batch) -> float:
 
 def test_entropy_bonus_subtracts_mean_entropy_of_rl_tokens(tmp_path, tiny, make_trace, make_episode, fixed_trainer,
                                                           mixed_args, loss_and_grads):
-    """entropy_coef c: loss = loss(c=0) − c · Σ H(rl tokens) / N_rl, with H the model's own per-token entropy."""
+    """The entropy regulariser, coef c: loss = loss(c=0) − c · Σ H(rl tokens) / N_rl, with H the model's own
+    per-token entropy."""
     experiment = {"algo": {"type": "grpo"}, "env": [{"id": "single", "instance": single_env(), "group_size": 4}]}
     plain = fixed_trainer(tmp_path / "a", tiny, experiment, _grpo_episodes(make_trace, make_episode))
-    bonus = fixed_trainer(tmp_path / "b", tiny, experiment, _grpo_episodes(make_trace, make_episode), entropy_coef=0.25)
+    bonus = fixed_trainer(tmp_path / "b", tiny, experiment, _grpo_episodes(make_trace, make_episode),
+                          regulariser=[{"type": "entropy", "coef": 0.25}])
     batch = plain._generate_and_score_completions(None)
     loss0, _ = loss_and_grads(plain, batch)
     loss1, _ = loss_and_grads(bonus, batch)
     assert abs((loss0 - loss1).item() - 0.25 * mean_rl_entropy(bonus.model, batch)) < 1e-5
     with pytest.raises(ValueError, match="use_adaptive_entropy"):
         mixed_args(tmp_path / "run", use_adaptive_entropy=True)
+    with pytest.raises(ValueError, match=r"\[\[regulariser\]\] type = 'entropy', coef = 0.25"):
+        mixed_args(tmp_path / "run", entropy_coef=0.25)  # TRL's own field points to the regulariser
 
 
 def test_an_annealed_entropy_bonus_is_linear_between_its_steps(tmp_path, tiny, make_trace, make_episode,
                                                                 fixed_trainer, mixed_args, loss_and_grads):
-    """entropy_coef c0 → c1 from step a to step b: at step s the bonus is c0 + (c1 − c0)·clip((s − a)/(b − a), 0, 1)."""
+    """coef c0 → final c1 from step a to step b: at step s the bonus is c0 + (c1 − c0)·clip((s − a)/(b − a), 0, 1)."""
     experiment = {"algo": {"type": "grpo"}, "env": [{"id": "single", "instance": single_env(), "group_size": 4}]}
     plain = fixed_trainer(tmp_path / "a", tiny, experiment, _grpo_episodes(make_trace, make_episode))
     annealed = fixed_trainer(tmp_path / "b", tiny, experiment, _grpo_episodes(make_trace, make_episode),
-                             entropy_coef=0.5, entropy_coef_final=0.1, entropy_anneal_start=2, entropy_anneal_end=6)
+                             regulariser=[{"type": "entropy", "coef": 0.5, "final": 0.1, "anneal_start": 2,
+                                           "anneal_end": 6}])
     batch = plain._generate_and_score_completions(None)
     loss0, _ = loss_and_grads(plain, batch)
     mean_entropy = mean_rl_entropy(annealed.model, batch)
@@ -698,8 +703,8 @@ def test_an_annealed_entropy_bonus_is_linear_between_its_steps(tmp_path, tiny, m
         loss, _ = loss_and_grads(annealed, batch)
         assert abs((loss0 - loss).item() - coef * mean_entropy) < 1e-5, step
     with pytest.raises(ValueError, match="end must come after the start"):
-        mixed_args(tmp_path / "run", entropy_coef=0.3, entropy_coef_final=0.0, entropy_anneal_start=5,
-                   entropy_anneal_end=5)
+        fixed_trainer(tmp_path / "c", tiny, experiment, [], regulariser=[
+            {"type": "entropy", "coef": 0.3, "final": 0.0, "anneal_start": 5, "anneal_end": 5}])
 
 
 # -- the magnet (R-NaD-style regularisation) ---------------------------------------------------
@@ -723,14 +728,15 @@ def rl_kl_by_hand(model, batch, magnet=None) -> float:
 
 def test_the_magnet_is_uniform_then_a_frozen_copy_of_the_policy(tmp_path, tiny, make_trace, make_episode,
                                                                 fixed_trainer, loss_and_grads, grad_checks):
-    """magnet_coef β from magnet_start a, reset every k: loss = loss(β=0) + β · Σ KL(π_θ ‖ ρ) / N_rl, with ρ uniform
-    for steps [a, a + k) and from step a + k on the policy as it was at the last multiple of k after a."""
+    """The magnet regulariser, coef β from start a, renewed every k: loss = loss(β=0) + β · Σ KL(π_θ ‖ ρ) / N_rl,
+    with ρ uniform for steps [a, a + k) and from step a + k on the policy as it was at the last multiple of k after a."""
     _, max_grad_diff = grad_checks
     experiment = {"algo": {"type": "grpo"}, "env": [{"id": "single", "instance": single_env(), "group_size": 4}]}
     episodes = _grpo_episodes(make_trace, make_episode)
     plain = fixed_trainer(tmp_path / "a", tiny, experiment, episodes)
-    pulled = fixed_trainer(tmp_path / "b", tiny, experiment, episodes, magnet_coef=0.4, magnet_start=2,
-                           magnet_every=3, max_steps=10)
+    magnet = [{"type": "magnet", "coef": 0.4, "start": 2, "every": 3}]
+    pulled = fixed_trainer(tmp_path / "b", tiny, experiment, episodes, regulariser=magnet, max_steps=10)
+    (pulled_magnet,) = pulled.regularisers
     batch = plain._generate_and_score_completions(None)
     loss0, _ = loss_and_grads(plain, batch)
     uniform = rl_kl_by_hand(pulled.model, batch)
@@ -739,7 +745,7 @@ def test_the_magnet_is_uniform_then_a_frozen_copy_of_the_policy(tmp_path, tiny, 
         pulled._generate_and_score_completions(None)
         loss, _ = loss_and_grads(pulled, batch)
         assert abs((loss - loss0).item() - expected) < 1e-5, step
-    assert pulled.magnet is None
+    assert pulled_magnet.model is None
     pulled.state.global_step = 5  # a + k: the magnet becomes the policy as it is now, so the pull starts at zero
     pulled._generate_and_score_completions(None)
     loss, grads = loss_and_grads(pulled, batch)
@@ -753,23 +759,23 @@ def test_the_magnet_is_uniform_then_a_frozen_copy_of_the_policy(tmp_path, tiny, 
         pulled.state.global_step = plain.state.global_step = step
         loss0, _ = loss_and_grads(plain, batch)
         loss, _ = loss_and_grads(pulled, batch)
-        expected = 0.4 * rl_kl_by_hand(pulled.model, batch, pulled.magnet)
+        expected = 0.4 * rl_kl_by_hand(pulled.model, batch, pulled_magnet.model)
         assert expected > 1e-3 and abs((loss - loss0).item() - expected) < 1e-5, step
     pulled.create_optimizer_and_scheduler(num_training_steps=10)
     pulled._save_checkpoint(pulled.model, trial=None)  # the magnet travels in checkpoints
     folder = tmp_path / "b" / "checkpoint-7"
-    resumed = fixed_trainer(tmp_path / "c", tiny, experiment, episodes, magnet_coef=0.4, magnet_start=2,
-                            magnet_every=3, max_steps=10)
-    resumed.state.global_step = 7
-    resumed._load_magnet(str(folder))
-    assert all(torch.equal(a, b) for a, b in zip(resumed.magnet.state_dict().values(),
-                                                 pulled.magnet.state_dict().values()))
+    resumed = fixed_trainer(tmp_path / "c", tiny, experiment, episodes, regulariser=magnet, max_steps=10)
+    (resumed_magnet,) = resumed.regularisers
+    policy = resumed.model
+    resumed_magnet.load(str(folder), 7, policy, "cpu")
+    assert all(torch.equal(a, b) for a, b in zip(resumed_magnet.model.state_dict().values(),
+                                                 pulled_magnet.model.state_dict().values()))
     (folder / "magnet.pt").unlink()
     with pytest.raises(FileNotFoundError, match="magnet"):
-        resumed._load_magnet(str(folder))
-    resumed.magnet, resumed.state.global_step = None, 5  # a checkpoint at a + k is saved before that step's renewal
-    resumed._load_magnet(str(folder))
-    assert resumed.magnet is None
+        resumed_magnet.load(str(folder), 7, policy, "cpu")
+    resumed_magnet.model = None  # a checkpoint at a + k is saved before that step's renewal
+    resumed_magnet.load(str(folder), 5, policy, "cpu")
+    assert resumed_magnet.model is None
 
 
 def test_the_magnet_kl_reads_the_distribution_each_token_was_sampled_from():
@@ -796,15 +802,20 @@ def test_the_magnet_kl_reads_the_distribution_each_token_was_sampled_from():
     assert logits.grad[0, [0, 1, 2, 4]].abs().sum() == 0  # outside a constrained row's support: no gradient
 
 
-def test_magnet_settings_are_checked(tmp_path, mixed_args):
-    for bad in ({"magnet_coef": -0.1}, {"magnet_coef": 0.5, "magnet_every": 0}, {"magnet_start": -1}):
-        with pytest.raises(ValueError, match="magnet"):
-            mixed_args(tmp_path / "run", **bad)
+def test_regulariser_settings_are_checked_naming_the_key():
+    from multiagent_rl.config import ExperimentConfig
+
+    for bad, key in (({"coef": -0.1}, "coef"), ({"coef": 0.5, "every": 0}, "every"), ({"coef": 0.5, "start": -1}, "start"),
+                     ({"coef": 0.5, "evry": 3}, "evry")):
+        with pytest.raises(ValueError, match=key):
+            ExperimentConfig.model_validate({"env": [{"id": "kuhn_poker"}], "regulariser": [{"type": "magnet", **bad}]})
+    with pytest.raises(ValueError, match="unknown regulariser 'magnit'; known: entropy, magnet"):
+        ExperimentConfig.model_validate({"env": [{"id": "kuhn_poker"}], "regulariser": [{"type": "magnit"}]})
 
 
 def test_the_lm_head_runs_only_where_the_loss_reads_unless_the_model_rescales_its_logits(
         tmp_path, tiny, make_trace, make_episode, fixed_trainer, caplog):
-    """_logits_at equals the model's own logits at the read positions: through the head at just those positions
+    """PolicyScorer.logits equals the model's own logits at the read positions: through the head at just those positions
     (rows in length buckets, each cut to its own columns) for the tiny Qwen2, and through the whole forward (with a warning, once) for a model that scales its logits
     after the head, as Granite's logits_scaling does."""
     model, tok = tiny
@@ -832,7 +843,7 @@ def test_the_lm_head_runs_only_where_the_loss_reads_unless_the_model_rescales_it
             expected = trainer.model(input_ids=ids, attention_mask=mask).logits[:, -T - 1:-1][read]
             for _ in range(2):
                 caplog.clear()
-                got = trainer._logits_at(trainer.model, ids, mask, T, read)
+                got = trainer.scorer.logits(trainer.model, ids, mask, T, read)
                 assert torch.allclose(got, expected, atol=1e-5), name
-        assert (type(trainer.model) in trainer._full_logits_models) == (name == "scaled")
+        assert (type(trainer.model) in trainer.scorer.full_logits_models) == (name == "scaled")
     assert not caplog.records  # the second call: the fallback is remembered, not re-detected

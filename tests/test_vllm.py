@@ -26,7 +26,7 @@ from multiagent_rl.envs.base import SingleAgentEnv, play_episodes, run_sync  # n
 from multiagent_rl.envs.kuhn_poker import KuhnPokerEnv, random_policy  # noqa: E402
 from multiagent_rl.rollout.health import RunStopped  # noqa: E402
 from multiagent_rl.models import load_model_and_tokenizer, resolve_model  # noqa: E402
-from multiagent_rl.training.scoring import token_logprobs  # noqa: E402
+from multiagent_rl.backends.scoring import token_logprobs  # noqa: E402
 from multiagent_rl.training.trainer import MixedAlgorithmConfig, MixedAlgorithmTrainer  # noqa: E402
 
 TOL = 1e-3

@@ -14,7 +14,6 @@ counted in ``skipped``.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -23,6 +22,7 @@ from ..episodes.episode import Episode
 from ..tasks.task import Task
 from .base import Algorithm, AlgorithmConfig, AlgorithmContext, is_trained, register
 from .opd import teacher_streams
+from ..backends.scoring import frozen_copy
 
 
 class OPSDConfig(AlgorithmConfig):
@@ -57,7 +57,7 @@ class OPSD(Algorithm):
         if self.config.teacher == "live":
             self.teacher = ctx.policy_backend
         else:
-            frozen = copy.deepcopy(ctx.policy_model).eval().requires_grad_(False)
+            frozen = frozen_copy(ctx.policy_model)
             self.teacher = TransformersBackend(frozen, ctx.tokenizer, model_id="policy (frozen at setup)")
 
     def demonstration(self, task: Task) -> str | None:

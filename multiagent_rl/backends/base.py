@@ -10,6 +10,13 @@ from typing import Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
+def check_trained_temperature(temperature: float, where: str) -> None:
+    """Raise a ValueError naming ``where`` unless a policy trained on its samples can sample at ``temperature``."""
+    if temperature <= 0:
+        raise ValueError(f"{where} = {temperature}: the policy is trained on its own samples, which needs "
+                         "temperature > 0 (greedy decoding is for evaluation; frozen seats may use 0)")
+
+
 class SamplingParams(BaseModel):
     """How to sample one reply."""
 

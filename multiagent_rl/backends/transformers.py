@@ -12,7 +12,7 @@ import contextlib
 
 import torch
 
-from ..training.scoring import eval_mode, model_device, token_logprobs
+from .scoring import eval_mode, model_device, token_logprobs
 from .base import Generation, SamplingParams, TickBatcher
 
 

@@ -14,10 +14,12 @@ repositories are private unless told otherwise.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -177,3 +179,22 @@ def fix_adapter_base(folder: str | os.PathLike, base: str | None) -> None:
     config: dict[str, Any] = json.loads(path.read_text())
     config["base_model_name_or_path"] = base
     path.write_text(json.dumps(config, indent=2, sort_keys=True))
+
+
+@contextlib.contextmanager
+def without_traces() -> Iterator[None]:
+    """While inside, ``huggingface_hub``'s ``upload_folder`` (what ``Trainer.push_to_hub`` calls with fixed ignore
+    patterns) leaves a run's traces and episode logs out: they are a dataset of their own ([`push_traces`][multiagent_rl.data.hub.push_traces])."""
+    from transformers.utils import hub as transformers_hub
+
+    api = transformers_hub.hf_api()
+    original = api.upload_folder
+
+    def upload_folder(*args, ignore_patterns=None, **kw):
+        return original(*args, ignore_patterns=list(ignore_patterns or []) + ["traces/*", "episodes/*"], **kw)
+
+    api.upload_folder = upload_folder
+    try:
+        yield
+    finally:
+        api.upload_folder = original

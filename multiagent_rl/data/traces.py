@@ -249,3 +249,16 @@ def to_sft_messages(dataset, include_system: bool = True):
         return {"messages": messages}
 
     return dataset.map(convert, remove_columns=dataset.column_names)
+
+
+def episode_sink(output_dir: str | None, episode_format: str, rank: int):
+    """Where a run's played episodes go: Parquet trace shards in ``output_dir/traces/`` (``"parquet"``) or JSON lines
+    in ``output_dir/episodes/`` (``"jsonl"``); None without an output folder."""
+    if not output_dir:
+        return None
+    if episode_format == "jsonl":
+        from .sinks import JsonlEpisodeSink
+
+        return JsonlEpisodeSink(os.path.join(output_dir, "episodes"), rank)
+    return ParquetEpisodeSink(os.path.join(output_dir, "traces"), rank,
+                              run=os.path.basename(os.path.normpath(output_dir)))

@@ -27,7 +27,7 @@ def _import_builtin_envs() -> None:
             importlib.import_module(f"{envs.__name__}.{module.name}")
 
 
-ENVS: Registry[type[Env]] = Registry("environment", base=Env, discover=_import_builtin_envs)
+ENVS: Registry[type[Env]] = Registry("env id", base=Env, discover=_import_builtin_envs)
 """Registered environment classes by id."""
 
 

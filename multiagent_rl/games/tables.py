@@ -15,7 +15,7 @@ import torch
 from open_spiel.python import policy as policy_lib
 
 from ..agents.chat_template import ChatTemplate, choice_steps
-from ..training.scoring import eval_mode, token_logprobs
+from ..backends.scoring import eval_mode, token_logprobs
 
 
 def choice_probabilities(model, template: ChatTemplate,

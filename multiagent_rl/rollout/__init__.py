@@ -4,7 +4,7 @@ Imports nothing from TRL: a notebook or an evaluation uses [`Orchestrator`][mult
 alone.
 """
 
-from .engine import Orchestrator, episode_metrics
+from .engine import Orchestrator, RolloutStep, episode_metrics
 from .health import RunHealth, RunStopped
 
-__all__ = ["Orchestrator", "RunHealth", "RunStopped", "episode_metrics"]
+__all__ = ["Orchestrator", "RolloutStep", "RunHealth", "RunStopped", "episode_metrics"]

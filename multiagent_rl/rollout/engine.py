@@ -26,7 +26,7 @@ from typing import Any
 from ..agents.agent import AgentConfig, Seat, make_agent
 from ..algorithms import Algorithm, AlgorithmContext, build_algorithm
 from ..backends import GenerationBackend, SamplingParams, TransformersBackend, build_backend
-from ..config import ExperimentConfig
+from ..config import ExperimentConfig, env_labels
 from ..data.sinks import EpisodeSink
 from ..envs.base import DEFAULT_EPISODE_TIMEOUT, Env, play_episodes, run_sync
 from ..episodes.episode import Episode
@@ -35,6 +35,25 @@ from .health import RunHealth
 Gather = Callable[[list[Episode]], tuple[list[Episode], int]]
 """From this process's episodes: every process's episodes in rank order, and where this process's own
 (copies) start in that list. With one process: ``(episodes, 0)``."""
+
+
+@dataclass
+class RolloutStep:
+    """One step's episodes, played and scored, as training needs them."""
+
+    step: int
+    local: list[Episode]
+    """This process's episodes (what it collates and trains on, and what its sink keeps)."""
+    everyone: list[Episode]
+    """Every process's episodes, in rank order (what group credit and the metrics saw)."""
+    tags: list[str]
+    """The algorithm tags on this step's scored trainable traces (per-algorithm loss metrics)."""
+    streams_of_tag: dict[str, set[str]]
+    """Per algorithm tag, the loss streams it writes."""
+
+    def metrics(self) -> dict[str, float]:
+        """[`episode_metrics`][multiagent_rl.rollout.engine.episode_metrics] of every process's episodes."""
+        return episode_metrics(self.everyone)
 
 
 @dataclass
@@ -78,7 +97,7 @@ class Orchestrator:
         self.sink, self.health = sink, health or RunHealth()
         self.rng = random.Random(seed * 1000 + rank)
         self.algorithms: dict[str, Algorithm] = {}
-        self.slots = [self._bind(i, label) for i, label in enumerate(_labels(self.experiment))]
+        self.slots = [self._bind(i, label) for i, label in enumerate(env_labels(self.experiment))]
         self.slot_of = {slot.label: slot for slot in self.slots}
         self.episodes_played = 0
         self.last_episodes: list[Episode] = []
@@ -182,6 +201,21 @@ class Orchestrator:
             episode.ok = False
             episode.errors.append(f"env {episode.env!r}: " + "; ".join(problems))
 
+    def step(self, step: int, gather: Gather | None = None) -> RolloutStep:
+        """Play this process's share of step ``step`` and score it with every process's episodes (``gather``)."""
+        local = self.play(step)
+        everyone = self.score(local, step, gather=gather)
+        tags = sorted({t.streams.algorithm for ep in everyone if ep.ok for t in ep.traces
+                       if t.trainable and t.streams is not None})
+        return RolloutStep(step, self.last_episodes, everyone, tags, self.streams_of_tag())
+
+    def streams_of_tag(self) -> dict[str, set[str]]:
+        """Per algorithm tag (``Algorithm.name``), the loss streams it writes."""
+        out: dict[str, set[str]] = {}
+        for algo in self.algorithms.values():
+            out.setdefault(algo.name, set()).update(algo.loss_types)
+        return out
+
     # -- scoring -----------------------------------------------------------------------------------
     def score(self, episodes: list[Episode], step: int = 0, gather: Gather | None = None) -> list[Episode]:
         """Group credit for this step's episodes; returns every process's episodes (``gather``'s result).
@@ -240,12 +274,6 @@ class Orchestrator:
 
 async def _gather(*coros):
     return await asyncio.gather(*coros)
-
-
-def _labels(experiment: ExperimentConfig) -> list[str]:
-    """Label per env entry: its ``name`` or id, suffixed ``#n`` when the same label appears twice."""
-    ids = [spec.name or spec.id for spec in experiment.env]
-    return [i if ids.count(i) == 1 else f"{i}#{n}" for n, i in enumerate(ids)]
 
 
 def episode_metrics(episodes: list[Episode]) -> dict[str, float]:

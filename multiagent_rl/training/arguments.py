@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 import torch
 from trl import GRPOConfig
 
+from ..backends.base import check_trained_temperature
+
 logger = logging.getLogger(__name__)
 
 MAX_STEPS_ENV = "MULTIAGENT_RL_MAX_STEPS"
@@ -51,27 +53,6 @@ class MixedAlgorithmConfig(GRPOConfig):
     max_skipped_steps: int = field(
         default=3, metadata={"help": "Stop after this many consecutive steps skipped for a non-finite loss/gradient."}
     )
-    entropy_coef_final: float | None = field(
-        default=None,
-        metadata={"help": "Anneal the entropy bonus: entropy_coef at entropy_anneal_start, this value from "
-                          "entropy_anneal_end on, linear in between (None: a constant entropy_coef)."},
-    )
-    entropy_anneal_start: int = field(default=0, metadata={"help": "Step where the entropy annealing starts."})
-    entropy_anneal_end: int | None = field(
-        default=None, metadata={"help": "Step where the entropy bonus reaches entropy_coef_final (None: max_steps)."}
-    )
-    magnet_coef: float = field(
-        default=0.0,
-        metadata={"help": "Weight β of a KL pull toward a magnet policy, β · Σ KL(π_θ ‖ ρ) over the rl tokens / N_rl "
-                          "(R-NaD-style regularisation; 0: off)."},
-    )
-    magnet_start: int = field(default=0, metadata={"help": "Step where the magnet term starts."})
-    magnet_every: int | None = field(
-        default=None,
-        metadata={"help": "Every this many steps from magnet_start + magnet_every on, the magnet becomes a frozen "
-                          "copy of the current policy; before that it is the uniform distribution over each token's "
-                          "choices (the term is then an entropy bonus). None: the magnet stays uniform."},
-    )
     skip_zero_advantage: bool = field(
         default=False,
         metadata={"help": "Leave zero-advantage samples out of the rl token count (default: count them, as TRL's "
@@ -90,12 +71,10 @@ class MixedAlgorithmConfig(GRPOConfig):
     max_completion_length: int | None = field(default=64, metadata={"help": "Default max new tokens per reply."})
 
     def __post_init__(self):
-        if self.entropy_coef_final is not None:
-            end = self.entropy_anneal_end if self.entropy_anneal_end is not None else self.max_steps
-            if self.entropy_coef_final < 0 or end <= self.entropy_anneal_start:
-                raise ValueError(f"entropy annealing: entropy_anneal_start={self.entropy_anneal_start}, "
-                                 f"entropy_anneal_end={end} (None means max_steps), entropy_coef_final="
-                                 f"{self.entropy_coef_final}: the end must come after the start, the value be >= 0")
+        if self.entropy_coef:
+            raise ValueError(f"entropy_coef={self.entropy_coef}: the entropy bonus is a regulariser here, "
+                             f"[[regulariser]] type = 'entropy', coef = {self.entropy_coef} (with an optional schedule: "
+                             "final, anneal_start, anneal_end); see multiagent_rl.training.regularisers")
         if self.episode_format not in ("parquet", "jsonl"):
             raise ValueError(f"episode_format={self.episode_format!r}: 'parquet' or 'jsonl'")
         if not torch.cuda.is_available():
@@ -113,11 +92,7 @@ class MixedAlgorithmConfig(GRPOConfig):
                 "max_steps is required ([trainer] max_steps = N, or MixedAlgorithmConfig(max_steps=N)): the trainer's "
                 "dataset is a placeholder, so without it a run would silently take 3 epochs of 1,024 rows"
             )
-        if self.temperature <= 0:
-            raise ValueError(
-                f"temperature={self.temperature}: the policy is trained on its own samples, which needs temperature > 0 "
-                "(greedy decoding is for evaluation; frozen seats may use 0)"
-            )
+        check_trained_temperature(self.temperature, "temperature")
         super().__post_init__()
         if self.beta != 0.0:
             raise ValueError(
@@ -138,32 +113,6 @@ class MixedAlgorithmConfig(GRPOConfig):
                     f"MixedAlgorithmConfig.{name}={value!r} is not supported: the rl stream is TRL's clipped policy "
                     f"gradient with DAPO normalisation per stream; leave {name} at {default!r}"
                 )
-        if self.magnet_coef < 0 or (self.magnet_every is not None and self.magnet_every < 1) or self.magnet_start < 0:
-            raise ValueError(f"magnet: magnet_coef={self.magnet_coef}, magnet_start={self.magnet_start}, magnet_every="
-                             f"{self.magnet_every}: the weight and the start must be >= 0, the period >= 1 (or None)")
         for name in ("groups_per_step", "max_failed_steps", "max_skipped_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be at least 1")
-
-    def entropy_coef_at(self, step: int) -> float:
-        """The entropy bonus at ``step``: ``entropy_coef``, or its linear anneal to ``entropy_coef_final``."""
-        if self.entropy_coef_final is None:
-            return self.entropy_coef
-        start = self.entropy_anneal_start
-        end = self.entropy_anneal_end if self.entropy_anneal_end is not None else self.max_steps
-        frac = min(1.0, max(0.0, (step - start) / (end - start)))
-        return self.entropy_coef + frac * (self.entropy_coef_final - self.entropy_coef)
-
-    def magnet_coef_at(self, step: int) -> float:
-        """The magnet term's weight at ``step``: ``magnet_coef`` from ``magnet_start`` on, else 0."""
-        return self.magnet_coef if step >= self.magnet_start else 0.0
-
-    def magnet_resets_at(self, step: int) -> bool:
-        """Whether the magnet becomes a copy of the current policy at the start of ``step``."""
-        if not self.magnet_coef or self.magnet_is_uniform_at(step):
-            return False
-        return (step - self.magnet_start) % self.magnet_every == 0
-
-    def magnet_is_uniform_at(self, step: int) -> bool:
-        """Whether the magnet at ``step`` is still the uniform distribution (no reset has happened yet)."""
-        return self.magnet_every is None or step < self.magnet_start + self.magnet_every

@@ -31,6 +31,8 @@ from accelerate.utils import DistributedType
 from transformers import TrainerCallback
 from transformers.trainer_callback import ProgressCallback
 
+from ..episodes.streams import stream_names
+
 
 class Interrupt:
     """Ctrl-C as a request: while ``catching()``, the first SIGINT only sets
@@ -163,7 +165,7 @@ def console_line(logs: dict, step: int, max_steps: int) -> str:
     failed = sum(v for k, v in logs.items() if k.endswith("/failed_episodes") and isinstance(v, (int, float)))
     if failed:
         parts.append(f"failed {failed:g}")
-    losses = [f"{s} {logs[f'loss/{s}']:.4g}" for s in ("rl", "ce", "ref_kl")
+    losses = [f"{s} {logs[f'loss/{s}']:.4g}" for s in stream_names()
               if isinstance(logs.get(f"loss/{s}"), (int, float)) and (s == "rl" or logs[f"loss/{s}"])]
     if losses:
         parts.append("loss " + " ".join(losses))
@@ -195,3 +197,12 @@ class ConsolePrinterCallback(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if state.is_world_process_zero and logs and _is_training_log(logs):
             print(console_line(logs, state.global_step, state.max_steps), flush=True)
+
+
+def phase_callbacks(phases: list[tuple[int, int | None, Any]], max_steps: int) -> list[TrainerCallback]:
+    """The callbacks that carry out an experiment's ``[[phase]]`` list (``ExperimentConfig.phase_boundaries()``): its
+    learning rates and its fresh optimizer states."""
+    rates = [(start, max_steps if stop is None else stop, p.learning_rate) for start, stop, p in phases
+             if p.learning_rate is not None]
+    fresh = [start for start, _, p in phases if p.fresh_optimizer]
+    return [*([PhaseLearningRate(rates)] if rates else []), *([FreshOptimizerState(fresh)] if fresh else [])]

@@ -167,39 +167,73 @@ def read_positions(batch: dict) -> torch.Tensor:
 
 
 def compute_loss(
-    logps: torch.Tensor, entropies: torch.Tensor | None, batch: dict, normalizer: Callable[[torch.Tensor], torch.Tensor],
-    epsilon_low: float, epsilon_high: float, entropy_coef: float = 0.0,
-    magnet_kl: torch.Tensor | None = None, magnet_coef: float = 0.0,
+    logps: torch.Tensor, batch: dict, normalizer: Callable[[torch.Tensor], torch.Tensor],
+    epsilon_low: float, epsilon_high: float,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The loss of one micro-batch and its per-stream token losses (B, T).
+    """The streams' loss of one micro-batch and its per-stream token losses (B, T).
 
     ``normalizer(count)`` turns a stream's global token count into its divisor for this micro-batch
-    (the trainer folds in gradient accumulation and the number of processes). ``entropy_coef`` adds
-    TRL's static entropy bonus on the rl tokens, normalised like the rl stream; ``magnet_coef`` adds
-    β · Σ KL(π_θ ‖ ρ) over the rl tokens (``magnet_kl``, (B, T), from [`kl_to_magnet`][multiagent_rl.training.loss.kl_to_magnet]),
-    normalised the same way.
+    ([`normalizer`][multiagent_rl.training.loss.normalizer]: gradient accumulation and the number of processes folded
+    in). Regularisers ([`multiagent_rl.training.regularisers`][]) add their terms to it.
     """
     old = batch.get("old_per_token_logps")
     ratio = torch.exp(logps - (logps.detach() if old is None else old))
     inputs = StreamInputs(logps, ratio, batch, epsilon_low, epsilon_high)
     token_losses = {s.name: s.loss_function()(inputs) for s in STREAMS}
     loss = sum(token_losses[s.name].sum() / normalizer(batch[s.count]) for s in STREAMS)
-    if entropy_coef:
-        loss = loss - entropy_coef * (entropies * batch["rl_mask"]).sum() / normalizer(batch["num_rl_tokens"])
-    if magnet_coef:
-        loss = loss + magnet_coef * (magnet_kl * batch["rl_mask"]).sum() / normalizer(batch["num_rl_tokens"])
     return loss, {"ratio": ratio, "inputs": inputs, **token_losses}
+
+
+def normalizer(world: int, window: float) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A stream's divisor for one micro-batch from its global token count: the counts span the generation batch on
+    all processes, so rescale to one accumulation ``window`` (micro-batches per optimizer step over those per
+    generation batch) and undo DDP's gradient averaging over ``world`` processes, exactly as TRL does for its DAPO
+    loss."""
+    return lambda count: count.clamp(min=1.0) / world * window
+
+
+def add_global_counts(batch: dict, all_reduce_sum: Callable[[torch.Tensor], torch.Tensor]) -> dict:
+    """Write each stream's global token count (and the action tokens', and TRL's ``num_items_in_batch``) into
+    ``batch``, summed over all processes in one all-reduce."""
+    counts = [batch[s.mask].sum() for s in STREAMS]
+    counts.append((batch["action_mask"] * batch["completion_mask"]).sum())
+    counts = all_reduce_sum(torch.stack(counts).float())
+    for stream, count in zip(STREAMS, counts):
+        batch[stream.count] = count
+    batch["num_action_tokens"] = counts[-1]
+    batch["num_items_in_batch"] = batch["num_rl_tokens"]
+    return batch
+
+
+def sampler_mismatch_metrics(stats: dict, reduce_sum: Callable, reduce_max: Callable) -> dict[str, float]:
+    """The logged figures of [`importance_weights`][multiagent_rl.training.loss.importance_weights]' statistics over
+    all processes: the importance ratio's mean, min, max and clipped share, the sampler/trainer log-prob gap."""
+    ratio, gap = stats["ratio"].float(), stats["gap"].float()
+    sums = torch.stack([ratio.sum(), torch.tensor(float(ratio.numel()), device=ratio.device),
+                        stats["clipped"].float().sum(), gap.sum(), torch.tensor(float(gap.numel()), device=gap.device)])
+    sums = reduce_sum(sums).tolist()
+    extremes = torch.stack([ratio.max() if ratio.numel() else ratio.new_tensor(1.0),
+                            -(ratio.min() if ratio.numel() else ratio.new_tensor(1.0)),
+                            gap.max() if gap.numel() else gap.new_tensor(0.0)])
+    top = reduce_max(extremes).tolist()
+    return {
+        "sampling/importance_sampling_ratio/mean": sums[0] / max(sums[1], 1.0),
+        "sampling/importance_sampling_ratio/max": top[0],
+        "sampling/importance_sampling_ratio/min": -top[1],
+        "sampling/importance_sampling_ratio/clipped": sums[2] / max(sums[1], 1.0),
+        "sampling/sampling_logp_difference/mean": sums[3] / max(sums[4], 1.0),
+        "sampling/sampling_logp_difference/max": top[2],
+    }
 
 
 def metric_sums(
     parts: dict[str, torch.Tensor], entropies: torch.Tensor, batch: dict, tags: list[str],
-    streams_of_tag: dict[str, set[str]], magnet_kl: torch.Tensor | None = None,
+    streams_of_tag: dict[str, set[str]],
 ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """Named (sum over this micro-batch, global count) pairs: the value of each metric is sum / count.
 
     Per stream and per algorithm tag (for the streams that algorithm writes), the entropy of the
-    action tokens, the sampled reverse KL to the teacher, the KL to the magnet (when given) and TRL's
-    clip ratios of the rl tokens.
+    action tokens, the sampled reverse KL to the teacher and TRL's clip ratios of the rl tokens.
     """
     inputs, ratio = parts["inputs"], parts["ratio"]
     out: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -213,8 +247,6 @@ def metric_sums(
                 out[f"loss/{stream.name}/{tag}"] = ((rows * per_row).sum(), count)
     action = batch["completion_mask"] * batch["action_mask"]
     out["entropy"] = ((entropies.detach() * action).sum(), batch["num_action_tokens"])
-    if magnet_kl is not None:
-        out["magnet/kl"] = ((magnet_kl.detach() * batch["rl_mask"]).sum(), batch["num_rl_tokens"])
     if batch["num_ref_kl_tokens"] > 0:
         out["ref_kl/sampled_reverse_kl"] = ((-reference_advantage(inputs) * batch["ref_kl_weights"]).sum(),
                                             batch["num_ref_kl_tokens"])

@@ -15,7 +15,7 @@ import torch
 from ...agents.chat_template import ChatTemplate
 from ...games.evaluation import GameEvaluation
 from ...games.tables import choice_probabilities
-from ...training.scoring import eval_mode, model_device
+from ...backends.scoring import eval_mode, model_device
 from . import KuhnPokerEnv, decision_prompt, parse_action
 from .exploitability import exploitability_of
 from .rules import INFO_STATES, UNIFORM_EXPLOITABILITY, AveragePolicy, InfoState, PolicyTable, invalid_mass

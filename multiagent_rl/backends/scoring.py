@@ -1,5 +1,5 @@
-"""Per-token log-probabilities of given sequences under a causal LM (teacher scoring), the logits the loss reads
-at chosen positions only (`logits_at`), and the small model helpers every module that runs a model shares.
+"""Per-token log-probabilities of given sequences under a causal LM (teacher scoring, evaluation), and the small
+model helpers every module that runs a model shares (eval mode, device, vocabulary, a frozen copy).
 
 ``token_logprobs(model, sequences)[i][j] = log p(sequences[i][j] | sequences[i][:j])`` with
 element 0 ``None`` (the first token has no context). Sequences are batched with right padding
@@ -130,56 +130,8 @@ def token_logprobs(
     return results
 
 
-def hidden_at(model: Any, ids: torch.Tensor, mask: torch.Tensor, T: int, read: torch.Tensor, buckets: int = 4):
-    """The final hidden states (M, H) at the positions that predict the ``read`` (B, T) completion tokens of the
-    left-padded prompt + right-padded completion rows ``ids`` (B, L), in ``read``'s row-major order; plus the last
-    position's hidden state and logits of one run (for [`logits_at`][multiagent_rl.training.scoring.logits_at]'s check).
-
-    Rows without a read position are not run at all; the rest run in up to ``buckets`` groups of similar length,
-    each cut to its own span of columns (on the Kuhn recipe half the padded positions were padding). Cutting left
-    padding shifts a row's absolute positions, which rotary attention does not see (scores depend on relative
-    positions only), so the hidden states equal the padded run's up to float rounding.
-    """
-    P = ids.shape[1] - T
-    columns = torch.arange(T, device=read.device)
-    starts = P - mask[:, :P].sum(1)  # a row's first real column
-    ends = P + torch.where(read, columns, -1).max(1).values  # one past the column predicting its last read token
-    rows = read.any(1).nonzero().squeeze(1)
-    rows = rows[(ends - starts)[rows].argsort(stable=True)]
-    hidden, flat, last = [], [], None
-    for group in rows.tensor_split(min(buckets, len(rows))) if len(rows) else []:
-        left, right = int(starts[group].min()), int(ends[group].max())
-        out = model(input_ids=ids[group, left:right], attention_mask=mask[group, left:right], logits_to_keep=1,
-                    output_hidden_states=True)
-        r, j = read[group].nonzero(as_tuple=True)
-        hidden.append(out.hidden_states[-1][r, P + j - 1 - left])
-        flat.append(group[r] * T + j)
-        if last is None:
-            last = (out.hidden_states[-1][:, -1], out.logits[:, -1])
-    if last is None:  # nothing to read: an empty result that still belongs to the graph
-        out = model(input_ids=ids[:1], attention_mask=mask[:1], logits_to_keep=1, output_hidden_states=True)
-        return out.hidden_states[-1][:0, 0], out.hidden_states[-1][:, -1], out.logits[:, -1]
-    order = torch.cat(flat).argsort()
-    return torch.cat(hidden)[order], *last
-
-
-def logits_at(model: Any, head: Any, ids: torch.Tensor, mask: torch.Tensor, T: int, read: torch.Tensor):
-    """The logits (M, V) at the ``read`` completion positions: ``head`` (the model's output embeddings) applied to
-    just those positions' hidden states ([`hidden_at`][multiagent_rl.training.scoring.hidden_at]) — on the Kuhn recipe the
-    head over all T + 1 kept positions was ~30% of the step's forward and backward, and with a large vocabulary it
-    is most of the logits' memory. ``None`` when ``head`` on the last hidden state does not reproduce the model's
-    own logits (a model that scales or caps its logits after the head); with ``head=None`` the model's logits at
-    all kept positions, indexed."""
-    if head is None:
-        return model(input_ids=ids, attention_mask=mask, logits_to_keep=T + 1).logits[:, :-1][read]
-    hidden, last_hidden, last_logits = hidden_at(model, ids, mask, T, read)
-    if not torch.allclose(head(last_hidden).float(), last_logits.float(), rtol=1e-3, atol=1e-3):
-        return None
-    return head(hidden)
-
-
 def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
-    """An independent, frozen copy of ``model`` for reading only (the magnet).
+    """An independent, frozen copy of ``model`` for reading only (the magnet regulariser, OPSD's frozen teacher).
 
     TRL and accelerate replace a prepared model's ``forward`` on the instance with closures over the original
     model (TRL's fused LM head, accelerate's fp32 output wrapper); a deep copy would keep calling the original's
