@@ -78,7 +78,7 @@ def rollout(backend_kind: str, args) -> dict:
     """Sampled tokens/s of the policy backend on ``args.rollouts`` prompts at once."""
     from multiagent_rl.backends import SamplingParams, TransformersBackend, build_policy_backend
     from multiagent_rl.config import ModelConfig
-    from multiagent_rl.env import run_sync
+    from multiagent_rl.envs.base import run_sync
     from multiagent_rl.models import load_model_and_tokenizer, load_tokenizer
 
     start = time.perf_counter()
@@ -119,9 +119,9 @@ def _batch(trainer, tok, args):
     import random
 
     from multiagent_rl.algorithms import build_algorithm
-    from multiagent_rl.episode import Episode
-    from multiagent_rl.task import Task, TaskData
-    from multiagent_rl.trace import Segment, Trace
+    from multiagent_rl.episodes.episode import Episode
+    from multiagent_rl.tasks.task import Task, TaskData
+    from multiagent_rl.episodes.trace import Segment, Trace
 
     rng = random.Random(0)
     episodes = []
@@ -146,9 +146,9 @@ def train(mode: str, precision: str, args) -> dict:
     """Tokens/s of one optimizer step (median of ``args.reps`` after a warm-up step)."""
     import torch
 
-    from multiagent_rl.env import SingleAgentEnv
+    from multiagent_rl.envs.base import SingleAgentEnv
     from multiagent_rl.models import load_model_and_tokenizer
-    from multiagent_rl.trainer import MixedAlgorithmConfig, MixedAlgorithmTrainer
+    from multiagent_rl.training.trainer import MixedAlgorithmConfig, MixedAlgorithmTrainer
 
     model, tok = load_model_and_tokenizer(args.model, dtype=torch.float32)  # fp32 master weights in every case
     env = SingleAgentEnv([{"prompt": "x"}], reward=lambda task, trace: 0.0)

@@ -24,6 +24,7 @@ def test_the_model_card_names_the_hub_base_model_envs_roles_algorithms_results_a
     tiny = model_card_text(ExperimentConfig.model_validate({"env": [{"id": "kuhn_poker"}]}), hub_model_id=None)
     assert "base_model" not in tiny and "embedded tiny model" in tiny
     assert base_model_id("tiny") is None and base_model_id("/models/x") is None and base_model_id("org/m") == "org/m"
+    assert base_model_id("smollm2-135m") == "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
 def test_a_lora_adapter_points_at_its_base_by_hub_id(tmp_path):

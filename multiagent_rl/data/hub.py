@@ -29,9 +29,14 @@ LIBRARY = "multiagent_rl"
 
 
 def base_model_id(name: str) -> str | None:
-    """The Hub id of the model a run started from, or None (the embedded tiny model, a local folder)."""
-    if name == "tiny" or os.path.isdir(name) or name.startswith(("/", ".")):
-        return None
+    """The Hub id of the model a run started from: a model made here from a Hub model names it
+    (``"smollm2-135m"`` → ``HuggingFaceTB/SmolLM2-135M-Instruct``); a Hub id is its own; None for the embedded tiny
+    model and other local folders."""
+    from ..models import base_model_of
+
+    made_from = base_model_of(name)
+    if made_from is not None or name == "tiny" or os.path.isdir(name) or name.startswith(("/", ".")):
+        return made_from
     return name
 
 
