@@ -26,8 +26,6 @@ the fix.
 
 from __future__ import annotations
 
-import difflib
-import functools
 import tomllib
 from collections.abc import Iterable
 from pathlib import Path
@@ -38,19 +36,18 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
-    TypeAdapter,
-    ValidationError,
     field_validator,
     model_validator,
 )
 
 from .agents.harness import HarnessConfig
-from .envs.registry import ENVS
-from .registry import import_object
-from .training.regularisers import RegulariserConfig, parse_regulariser_config
 from .algorithms import ALGORITHMS, AlgorithmConfig, parse_algorithm_config
 from .backends.base import SamplingParams, check_trained_temperature
 from .backends.endpoint import EndpointConfig, is_endpoint_reference, parse_reference
+from .envs.registry import ENVS
+from .registry import import_object
+from .training.phases import PhaseConfig, apply_phases, phase_boundaries
+from .training.regularisers import RegulariserConfig, parse_regulariser_config
 
 # A dict such as {"type": "grpo"} becomes the registered algorithm's typed config.
 OptionalAlgorithm = Annotated[
@@ -211,35 +208,6 @@ class ModelConfig(_Strict):
     """vLLM options (used when ``backend = "vllm"``)."""
 
 
-class PhaseConfig(_Strict):
-    """One phase of training: which environment entries are played, for how many steps, at which learning rate.
-
-    ```toml
-    [[phase]]                   # an sft warm-up imitating a scripted player
-    name = "warmup"
-    steps = 100
-    envs = ["kuhn_warmup"]
-    learning_rate = 3e-3
-
-    [[phase]]                   # then self-play RL until [trainer] max_steps, with a fresh Adam
-    name = "selfplay"
-    envs = ["kuhn_selfplay"]
-    fresh_optimizer = true
-    ```
-    """
-
-    name: str
-    steps: int | None = Field(None, ge=1)
-    """Steps of this phase; None for the last phase: until ``[trainer] max_steps``."""
-    envs: list[str]
-    """The ``[[env]]`` entries played in this phase, by label (their ``name``, else their ``id``)."""
-    learning_rate: float | None = Field(None, gt=0)
-    """A fixed learning rate for this phase; None: the trainer's schedule."""
-    fresh_optimizer: bool = False
-    """Forget the optimizer's state (Adam's moments) at the start of this phase: a warm-up's large gradients would
-    otherwise shrink the next phase's first steps for ~1 / (1 − β₂) steps."""
-
-
 class ExperimentConfig(_Strict):
     """Everything one training run needs."""
 
@@ -263,8 +231,11 @@ class ExperimentConfig(_Strict):
     @field_validator("trainer")
     @classmethod
     def _trainer(cls, v: dict[str, Any]) -> dict[str, Any]:
-        for key, value in v.items():
-            check_trainer_field(key, value)
+        if v:
+            from .training.arguments import check_trainer_field  # TRL is imported only when there is a field to check
+
+            for key, value in v.items():
+                check_trainer_field(key, value)
         return v
 
     @model_validator(mode="after")
@@ -287,45 +258,11 @@ class ExperimentConfig(_Strict):
         return self
 
     def _apply_phases(self) -> None:
-        """Each env entry's steps from the phases that list it (contiguous; explicit start/stop steps clash)."""
-        if not self.phase:
-            return
-        labels = env_labels(self)
-        starts, start = [], 0
-        for i, phase in enumerate(self.phase):
-            if phase.steps is None and i != len(self.phase) - 1:
-                raise ValueError(f"[[phase]] {phase.name!r}: only the last phase may leave out steps")
-            unknown = set(phase.envs) - set(labels)
-            if unknown:
-                raise ValueError(f"[[phase]] {phase.name!r} names unknown env entries {sorted(unknown)}; the entries "
-                                 f"are {labels} (their name, else their id)")
-            starts.append(start)
-            start += phase.steps or 0
-        for env, label in zip(self.env, labels):
-            listed = [i for i, phase in enumerate(self.phase) if label in phase.envs]
-            if not listed:
-                raise ValueError(f"env {label!r} is in no [[phase]]: list it in the phases it is played in")
-            if listed != list(range(listed[0], listed[-1] + 1)):
-                raise ValueError(f"env {label!r} is listed in phases that are not consecutive: give it one entry per "
-                                 "stretch (two [[env]] entries with different names)")
-            if env.start_step or env.stop_step is not None:
-                if (env.start_step, env.stop_step) != self._phase_steps(starts, listed):
-                    raise ValueError(f"env {label!r}: start_step / stop_step clash with its [[phase]]s; leave them "
-                                     "out, the phases set them")
-            env.start_step, env.stop_step = self._phase_steps(starts, listed)
-
-    def _phase_steps(self, starts: list[int], listed: list[int]) -> tuple[int, int | None]:
-        last = self.phase[listed[-1]]
-        return starts[listed[0]], None if last.steps is None else starts[listed[-1]] + last.steps
+        apply_phases(self.phase, self.env, env_labels(self))
 
     def phase_boundaries(self) -> list[tuple[int, int | None, PhaseConfig]]:
         """``(start, stop, phase)`` of every phase (stop None: until the end)."""
-        out, start = [], 0
-        for phase in self.phase:
-            stop = None if phase.steps is None else start + phase.steps
-            out.append((start, stop, phase))
-            start = stop or start
-        return out
+        return phase_boundaries(self.phase)
 
     def check_seat(self, env_index: int, role: str, rc: RoleConfig | None) -> None:
         """Raise a ValueError naming the key and the fix when seat ``role`` of env ``env_index`` cannot train.
@@ -408,56 +345,3 @@ def env_labels(experiment: ExperimentConfig) -> list[str]:
     return [i if ids.count(i) == 1 else f"{i}#{n}" for n, i in enumerate(ids)]
 
 
-@functools.lru_cache(maxsize=1)
-def _trainer_fields() -> dict[str, Any]:
-    import typing
-
-    from .training.arguments import MixedAlgorithmConfig  # TRL is imported only when [trainer] has fields to check
-
-    return typing.get_type_hints(MixedAlgorithmConfig)
-
-
-@functools.lru_cache(maxsize=None)
-def _adapter(key: str) -> TypeAdapter | None:
-    try:
-        return TypeAdapter(_trainer_fields()[key])
-    except Exception:  # an annotation pydantic cannot check: leave it to TRL
-        return None
-
-
-def check_trainer_field(key: str, value: Any) -> None:
-    """Raise a ValueError naming ``[trainer] key`` when it is not a field of ``MixedAlgorithmConfig`` or has the
-    wrong type (strictly: ``"1e-4"`` is not a float)."""
-    fields = _trainer_fields()
-    if key not in fields:
-        close = difflib.get_close_matches(key, list(fields), n=3)
-        hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
-        raise ValueError(f"[trainer] {key!r} is not a field of MixedAlgorithmConfig (a TRL GRPOConfig){hint}")
-    adapter = _adapter(key)
-    if adapter is None:
-        return
-    try:
-        adapter.validate_python(value, strict=True)
-    except ValidationError:
-        raise ValueError(
-            f"[trainer] {key} = {value!r} ({type(value).__name__}) is not a valid {fields[key]}; "
-            "write numbers without quotes"
-        ) from None
-
-
-def warmup_then_rl(warmup_steps: int, warmup: list[str], rl: list[str], warmup_lr: float | None = None,
-                   fresh_optimizer: bool = False) -> list[dict[str, Any]]:
-    """The two ``[[phase]]`` entries of a warm-up (``warmup`` env entries for ``warmup_steps`` steps, at ``warmup_lr``)
-    followed by RL (``rl`` entries until the end, with a fresh optimizer state if asked); none without a warm-up.
-
-    ```pycon
-    >>> [p["name"] for p in warmup_then_rl(100, ["kuhn_warmup"], ["kuhn_selfplay"], 3e-3)]
-    ['warmup', 'rl']
-
-    ```
-    """
-    if not warmup_steps:
-        return []
-    return [{"name": "warmup", "steps": warmup_steps, "envs": warmup,
-             **({"learning_rate": warmup_lr} if warmup_lr is not None else {})},
-            {"name": "rl", "envs": rl, "fresh_optimizer": fresh_optimizer}]

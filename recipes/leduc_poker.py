@@ -20,7 +20,7 @@ import sys
 
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
-from multiagent_rl.config import warmup_then_rl  # noqa: E402
+from multiagent_rl.training.phases import warmup_then_rl  # noqa: E402
 from multiagent_rl.envs.leduc_poker.evaluation import LeducEvaluation  # noqa: E402
 from multiagent_rl.training.run import finish, train  # noqa: E402
 from multiagent_rl.training.trainer import MixedAlgorithmTrainer  # noqa: E402

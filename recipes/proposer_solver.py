@@ -26,7 +26,8 @@ import sys
 
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
-from multiagent_rl.config import ExperimentConfig, warmup_then_rl  # noqa: E402
+from multiagent_rl.config import ExperimentConfig  # noqa: E402
+from multiagent_rl.training.phases import warmup_then_rl  # noqa: E402
 from multiagent_rl.envs.proposer_solver.evaluation import SolverEvaluation, curves, plot_curriculum  # noqa: E402
 from multiagent_rl.training.run import finish, train  # noqa: E402
 from multiagent_rl.training.trainer import MixedAlgorithmTrainer  # noqa: E402

@@ -18,11 +18,11 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from ..backends import TransformersBackend
+from ..backends.scoring import frozen_copy
 from ..episodes.episode import Episode
 from ..tasks.task import Task
 from .base import Algorithm, AlgorithmConfig, AlgorithmContext, is_trained, register
 from .opd import teacher_streams
-from ..backends.scoring import frozen_copy
 
 
 class OPSDConfig(AlgorithmConfig):

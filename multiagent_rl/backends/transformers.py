@@ -12,8 +12,8 @@ import contextlib
 
 import torch
 
-from .scoring import eval_mode, model_device, token_logprobs
 from .base import Generation, SamplingParams, TickBatcher
+from .scoring import eval_mode, model_device, token_logprobs
 
 
 class TransformersBackend(TickBatcher):

@@ -45,8 +45,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..episodes.episode import Episode
-from ..episodes.trace import Trace
 from ..episodes.records import episode_record, number, task_from_record, trace_from_record
+from ..episodes.trace import Trace
 
 SCHEMA_VERSION = 1
 logger = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ logger = logging.getLogger(__name__)
 
 def trace_features():
     """The ``datasets.Features`` of a trace dataset (see the module docstring)."""
-    from datasets import Features, List, Value
+    from datasets import Features, List
 
     from ..episodes.records import feature_parts
 

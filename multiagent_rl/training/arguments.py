@@ -8,11 +8,16 @@ switched off (fp32, no gradient checkpointing).
 
 from __future__ import annotations
 
+import difflib
+import functools
 import logging
 import os
+import typing
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
+from pydantic import TypeAdapter, ValidationError
 from trl import GRPOConfig
 
 from ..backends.base import check_trained_temperature
@@ -116,3 +121,36 @@ class MixedAlgorithmConfig(GRPOConfig):
         for name in ("groups_per_step", "max_failed_steps", "max_skipped_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be at least 1")
+
+
+@functools.lru_cache(maxsize=1)
+def _trainer_fields() -> dict[str, Any]:
+    return typing.get_type_hints(MixedAlgorithmConfig)
+
+
+@functools.lru_cache(maxsize=None)
+def _adapter(key: str) -> TypeAdapter | None:
+    try:
+        return TypeAdapter(_trainer_fields()[key])
+    except Exception:  # an annotation pydantic cannot check: leave it to TRL
+        return None
+
+
+def check_trainer_field(key: str, value: Any) -> None:
+    """Raise a ValueError naming ``[trainer] key`` when it is not a field of ``MixedAlgorithmConfig`` or has the
+    wrong type (strictly: ``"1e-4"`` is not a float)."""
+    fields = _trainer_fields()
+    if key not in fields:
+        close = difflib.get_close_matches(key, list(fields), n=3)
+        hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+        raise ValueError(f"[trainer] {key!r} is not a field of MixedAlgorithmConfig (a TRL GRPOConfig){hint}")
+    adapter = _adapter(key)
+    if adapter is None:
+        return
+    try:
+        adapter.validate_python(value, strict=True)
+    except ValidationError:
+        raise ValueError(
+            f"[trainer] {key} = {value!r} ({type(value).__name__}) is not a valid {fields[key]}; "
+            "write numbers without quotes"
+        ) from None

@@ -2,22 +2,18 @@
 
 A thin adapter: its rollout hook asks the rollout engine ([`Orchestrator`][multiagent_rl.rollout.engine.Orchestrator])
 for a played and scored step and the collator ([`multiagent_rl.training.collate`][]) for tensors; its loss hook scores
-the policy ([`PolicyScorer`][multiagent_rl.training.logits.PolicyScorer]) and calls the loss module
+the policy ([`PolicyScorer`][multiagent_rl.training.logits.PolicyScorer]) and adds the loss module's streams
 ([`multiagent_rl.training.loss`][]) and the experiment's regularisers ([`multiagent_rl.training.regularisers`][]); its
-checkpoint hooks save and restore the engine's and the regularisers' state. It never learns an algorithm's or a
-regulariser's name. With every sample tagged ``grpo`` the loss equals ``GRPOTrainer``'s own for any rewards.
-
-A run guards itself: an optimizer step whose loss or gradient is not finite is skipped, a run whose
-episodes all fail or whose required streams stay empty stops with the cause ([`multiagent_rl.rollout.health`][]);
-checkpoints hold everything a resumed run needs to continue exactly; the first Ctrl-C finishes the
-current step, saves a checkpoint and raises [`TrainingInterrupted`][multiagent_rl.training.trainer.TrainingInterrupted].
+checkpoint hooks save and restore the engine's and the regularisers' state. It knows no algorithm or regulariser by
+name. With every sample tagged ``grpo`` the loss equals ``GRPOTrainer``'s own for any rewards. A run guards itself
+([`multiagent_rl.rollout.health`][], [`RunGuards`][multiagent_rl.training.callbacks.RunGuards]); the first Ctrl-C
+finishes the step, saves a checkpoint and raises [`TrainingInterrupted`][multiagent_rl.training.trainer.TrainingInterrupted].
 """
 
 from __future__ import annotations
 
 import math
 import os
-from pathlib import Path
 
 import torch
 from accelerate.utils import gather_object
@@ -27,7 +23,6 @@ from trl import GRPOTrainer
 
 from ..backends import SamplingParams, build_policy_backend
 from ..config import ExperimentConfig
-from ..data.hub import base_model_id, fix_adapter_base, model_card_text, without_traces
 from ..data.traces import episode_sink
 from ..episodes.episode import Episode
 from ..models import load_model_and_tokenizer
@@ -39,6 +34,7 @@ from .callbacks import ConsolePrinterCallback, ConsoleProgressCallback, Interrup
 from .checkpoint import load_run_state, save_run_state
 from .collate import collate, trainable_samples
 from .logits import PolicyScorer
+from .publishing import PublishingMixin
 from .regularisers import build_regulariser
 
 
@@ -54,7 +50,7 @@ def _rewards_come_from_environments(*args, **kwargs):
     raise RuntimeError("MixedAlgorithmTrainer takes rewards from environments; this placeholder is never called")
 
 
-class MixedAlgorithmTrainer(GRPOTrainer):
+class MixedAlgorithmTrainer(PublishingMixin, GRPOTrainer):
     """Train one policy on a mix of multi-agent environments with per-env / per-role algorithms.
 
     ```pycon
@@ -114,7 +110,7 @@ class MixedAlgorithmTrainer(GRPOTrainer):
         sharded = self.is_fsdp_enabled or (plugin is not None and plugin.zero_stage == 3)
         self.regularisers = [build_regulariser(c, args.max_steps) for c in experiment.regulariser]
         if sharded and any(r.needs_logits for r in self.regularisers):
-            raise ValueError("a regulariser that reads the policy's logits (magnet) needs its full LM head, which "
+            raise ValueError("a regulariser that reads the policy's logits needs its full LM head, which "
                              "FSDP and DeepSpeed ZeRO-3 shard away; use ZeRO-2 or DDP, or drop the regulariser")
         self.scorer = PolicyScorer(self.accelerator, self.temperature, self._get_per_token_logps_and_entropies,
                                    head_outside_forward=not sharded)
@@ -207,25 +203,6 @@ class MixedAlgorithmTrainer(GRPOTrainer):
         for regulariser in self.regularisers:
             logs.update(regulariser.logs(self.state.global_step))
         super().log(logs, start_time)
-
-    def create_model_card(self, model_name=None, dataset_name=None, tags=None):
-        """The model card (``output_dir/README.md``, pushed with the model): the real base model's Hub id, the
-        environments, roles and algorithms, `model_card_results` and the command."""
-        if self.is_world_process_zero():
-            text = model_card_text(self.experiment, hub_model_id=self.hub_model_id, results=self.model_card_results,
-                                   adapter=self.experiment.model.lora is not None)
-            Path(self.args.output_dir, "README.md").write_text(text, encoding="utf-8")
-
-    def push_to_hub(self, commit_message: str | None = "End of training", blocking: bool = True, **kwargs):
-        """TRL's ``push_to_hub`` (weights, tokenizer, the model card), without the run's traces and episode logs:
-        push those to a dataset repository with [`multiagent_rl.data.hub.push_traces`][]."""
-        with without_traces():
-            return super().push_to_hub(commit_message=commit_message, blocking=blocking, **kwargs)
-
-    def save_model(self, output_dir: str | None = None, _internal_call: bool = False):
-        super().save_model(output_dir, _internal_call)
-        if self.is_world_process_zero():  # a LoRA adapter names its base by Hub id, not the local path it came from
-            fix_adapter_base(output_dir or self.args.output_dir, base_model_id(self.experiment.model.name))
 
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)

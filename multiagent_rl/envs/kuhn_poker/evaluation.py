@@ -13,9 +13,9 @@ from typing import Any, Iterable, Mapping
 import torch
 
 from ...agents.chat_template import ChatTemplate
+from ...backends.scoring import eval_mode, model_device
 from ...games.evaluation import GameEvaluation
 from ...games.tables import choice_probabilities
-from ...backends.scoring import eval_mode, model_device
 from . import KuhnPokerEnv, decision_prompt, parse_action
 from .exploitability import exploitability_of
 from .rules import INFO_STATES, UNIFORM_EXPLOITABILITY, AveragePolicy, InfoState, PolicyTable, invalid_mass
