@@ -26,6 +26,8 @@ the fix.
 
 from __future__ import annotations
 
+import functools
+import logging
 import tomllib
 from collections.abc import Iterable
 from pathlib import Path
@@ -46,6 +48,7 @@ from .backends.base import SamplingParams, check_trained_temperature
 from .backends.endpoint import EndpointConfig, is_endpoint_reference, parse_reference
 from .envs.registry import ENVS
 from .registry import import_object
+from .tasks.datasets import DatasetTasksConfig
 from .training.phases import PhaseConfig, apply_phases, phase_boundaries
 from .training.regularisers import RegulariserConfig, parse_regulariser_config
 
@@ -54,6 +57,9 @@ OptionalAlgorithm = Annotated[
     AlgorithmConfig | None, BeforeValidator(lambda v: None if v is None else parse_algorithm_config(v))
 ]
 RegulariserField = Annotated[RegulariserConfig, BeforeValidator(parse_regulariser_config)]
+
+
+logger = logging.getLogger(__name__)
 
 
 class _Strict(BaseModel):
@@ -127,6 +133,9 @@ class EnvConfig(_Strict):
     """First training step at which this environment is sampled (e.g. after a warm-up)."""
     stop_step: int | None = Field(None, ge=1)
     """Step from which it is no longer sampled (e.g. an SFT warm-up phase); None = never stops."""
+    tasks: DatasetTasksConfig | None = None
+    """Draw this env's tasks from a dataset (``[env.tasks]``: a Hub id, a local file or a ``datasets.Dataset``, with a
+    column mapping) instead of its own ``sample_tasks``."""
     timeout: float | None = Field(None, gt=0)
     """Seconds one episode may take before it is recorded as failed; None: the default
     (``multiagent_rl.envs.base.DEFAULT_EPISODE_TIMEOUT``, 600 s); ``inf``: no limit."""
@@ -242,6 +251,8 @@ class ExperimentConfig(_Strict):
     def _check(self):
         if not self.env:
             raise ValueError("the experiment needs at least one [[env]]")
+        if "model" not in self.model_fields_set:
+            _warn_default_model()
         self._apply_phases()
         check_trained_temperature(self.trainer.get("temperature", 1.0), "[trainer] temperature")
         for i, env in enumerate(self.env):
@@ -337,6 +348,13 @@ class ExperimentConfig(_Strict):
         with open(path, "rb") as f:
             data = tomllib.load(f)
         return cls.model_validate(data)
+
+
+@functools.lru_cache(maxsize=1)
+def _warn_default_model() -> None:
+    logger.warning("the experiment names no [model]: the policy is the embedded 'tiny' model (114k parameters, random "
+                   "weights: it cannot read), meant for tests and CPU demonstrations. Set [model] name = 'tiny' to "
+                   "silence this, or name a real model ('smollm2-135m', a Hub id, a folder).")
 
 
 def env_labels(experiment: ExperimentConfig) -> list[str]:

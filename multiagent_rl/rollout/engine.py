@@ -30,6 +30,7 @@ from ..config import ExperimentConfig, env_labels
 from ..data.sinks import EpisodeSink
 from ..envs.base import DEFAULT_EPISODE_TIMEOUT, Env, play_episodes, run_sync
 from ..episodes.episode import Episode
+from ..tasks.datasets import DatasetTasks
 from .health import RunHealth
 
 Gather = Callable[[list[Episode]], tuple[list[Episode], int]]
@@ -68,6 +69,8 @@ class EnvSlot:
     """Algorithm key -> the roles it scores."""
     required_streams: dict[str, list[str]]
     """Stream -> who needs it ("role (algo)"), for the health check."""
+    tasks: DatasetTasks | None = None
+    """Where its tasks come from when the config names a dataset (``[env.tasks]``); else ``env.sample_tasks``."""
 
 
 class Orchestrator:
@@ -149,7 +152,8 @@ class Orchestrator:
             algo = self.algorithms[key]
             for stream in algo.streams_required():
                 required[stream].append(f"{'/'.join(sorted(roles))} ({algo.name})")
-        return EnvSlot(label, env, agents, trainable, dict(assignment), dict(required))
+        tasks = DatasetTasks.from_config(spec.tasks) if spec.tasks is not None else None
+        return EnvSlot(label, env, agents, trainable, dict(assignment), dict(required), tasks)
 
     # -- playing -----------------------------------------------------------------------------------
     def play(self, step: int) -> list[Episode]:
@@ -166,7 +170,8 @@ class Orchestrator:
         picks = self.rng.choices(active, weights=[specs[i].weight for i in active], k=self.groups_per_step)
         jobs = []
         for g, i in enumerate(picks):
-            (task,) = self.slots[i].env.sample_tasks(1, self.rng)
+            slot = self.slots[i]
+            (task,) = slot.tasks.sample(1, self.rng) if slot.tasks else slot.env.sample_tasks(1, self.rng)
             jobs.append(self._play_group(i, task, f"s{step}-r{self.rank}-g{g}"))
         episodes = [ep for group in await asyncio.gather(*jobs) for ep in group]
         for ep in episodes:

@@ -19,7 +19,8 @@ def train(trainer: MixedAlgorithmTrainer, resume: bool = False) -> TrainingInter
     return None
 
 
-def finish(trainer: MixedAlgorithmTrainer, summary: dict[str, Any], plot: Callable[[str], None], plot_name: str,
+def finish(trainer: MixedAlgorithmTrainer, summary: dict[str, Any], plot: Callable[[str], None] | None,
+           plot_name: str | None,
            interrupted: TrainingInterrupted | None, *, hidden: tuple[str, ...] = ("curves", "held_out"),
            resume_hint: str = "") -> None:
     """On the main process: ``summary.json``, the plot, the final model, the summary printed (without the long
@@ -29,10 +30,11 @@ def finish(trainer: MixedAlgorithmTrainer, summary: dict[str, Any], plot: Callab
     if trainer.accelerator.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
-        plot(str(out / plot_name))
+        if plot is not None:
+            plot(str(out / plot_name))
         trainer.save_model(str(out / "final_model"))
         print(json.dumps({k: v for k, v in summary.items() if k not in hidden}, indent=2))
-        print(f"wrote {out / 'summary.json'} and {out / plot_name}")
+        print(f"wrote {out / 'summary.json'}" + (f" and {out / plot_name}" if plot is not None else ""))
     # trackers closed and, under torchrun / accelerate launch, the process group torn down before the interpreter
     # exits (left to exit, gloo's threads can abort a finished rank)
     trainer.accelerator.end_training()

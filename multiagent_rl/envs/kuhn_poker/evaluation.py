@@ -197,3 +197,12 @@ class KuhnEvaluation(GameEvaluation):
         return {"invalid_mass": invalid_mass(raw),
                 "invalid_reply_rate": sum(t.metrics.get("invalid_replies", 0) for t in traces) / max(1, decisions),
                 "decisions": decisions}
+
+
+def evaluate(model, tokenizer, legal_choices: bool = True, reply_tokens: int = 1) -> dict[str, float]:
+    """The exact report of a saved model's Kuhn policy (``multiagent-rl eval kuhn_poker --model PATH``): its action
+    probabilities read at all 12 information states (through the legal-action harness unless ``legal_choices`` is
+    false), scored by OpenSpiel ([`evaluation_report`][multiagent_rl.envs.kuhn_poker.exploitability.evaluation_report])."""
+    from .exploitability import evaluation_report
+
+    return evaluation_report(read_policy(model, tokenizer, reply_tokens=reply_tokens, legal_choices=legal_choices))

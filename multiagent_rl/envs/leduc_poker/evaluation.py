@@ -93,3 +93,9 @@ class LeducEvaluation(GameEvaluation):
 
     def exploitability(self, table) -> float:
         return exploitability_of(table)
+
+
+def evaluate(model, tokenizer) -> dict[str, float]:
+    """The exploitability of a saved model's Leduc policy, read at every information state through the legal-action
+    harness (``multiagent-rl eval leduc_poker --model PATH``)."""
+    return {"exploitability": exploitability_of(read_policy(model, tokenizer))}

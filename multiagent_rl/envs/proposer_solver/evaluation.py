@@ -130,3 +130,14 @@ def plot_curriculum(rows: list[dict], points: list[dict], levels: list[int], pat
     fig.savefig(path, format="png")
 
 
+
+
+def evaluate(model, tokenizer, topic: str = "addition", per_level: int = 64) -> dict[str, float]:
+    """Greedy solve accuracy per level of a saved model as the solver, on the fixed held-out problems
+    (``multiagent-rl eval proposer_solver --model PATH``)."""
+    from ...backends import TransformersBackend
+
+    backend = TransformersBackend(model.eval(), tokenizer, model_id="policy")
+    solver = Agent(AgentConfig(model="policy", sampling={"temperature": 0.0, "max_new_tokens": 16}), backend)
+    return {f"accuracy_level_{level}": value
+            for level, value in solve_accuracy(solver, held_out_problems(topic, per_level)).items()}

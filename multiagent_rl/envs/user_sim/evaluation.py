@@ -84,3 +84,14 @@ def plot_user_sim(points: list[dict], warmup_steps: int, path: str, title: str =
     ax.set_title(title)
     ax.legend(fontsize=8)
     fig.savefig(path, bbox_inches="tight")
+
+
+def evaluate(model, tokenizer, per_persona: int = 16, max_turns: int = 6, menu: bool = True) -> dict[str, float]:
+    """Greedy booking success per persona of a saved model as the assistant, on held-out scenarios against the
+    scripted user (``multiagent-rl eval user_sim --model PATH``)."""
+    from ...backends import TransformersBackend
+
+    env = UserSimEnv(split="held_out", menu=menu, max_turns=max_turns)
+    backend = TransformersBackend(model.eval(), tokenizer, model_id="policy")
+    assistant = Agent(AgentConfig(model="policy", sampling={"temperature": 0.0}), backend)
+    return success_by_persona(assistant, env, held_out_scenarios(env, per_persona))
