@@ -23,7 +23,7 @@ logger = logging.getLogger(__name__)
 def hidden_at(model: Any, ids: torch.Tensor, mask: torch.Tensor, T: int, read: torch.Tensor, buckets: int = 4):
     """The final hidden states (M, H) at the positions that predict the ``read`` (B, T) completion tokens of the
     left-padded prompt + right-padded completion rows ``ids`` (B, L), in ``read``'s row-major order; plus the last
-    position's hidden state and logits of one run (for [`logits_at`][multiagent_rl.training.scoring.logits_at]'s check).
+    position's hidden state and logits of one run (for [`logits_at`][multiagent_rl.training.logits.logits_at]'s check).
 
     Rows without a read position are not run at all; the rest run in up to ``buckets`` groups of similar length,
     each cut to its own span of columns (on the Kuhn recipe half the padded positions were padding). Cutting left
