@@ -19,7 +19,7 @@ random with the rollout engine's random stream, which checkpoints save, so a res
 >>> rows = datasets.Dataset.from_dict({"question": ["1+1?", "2+2?"], "answer": ["2", "4"]})
 >>> tasks = DatasetTasks.from_dataset(rows, DatasetTasksConfig(prompt="question", answer="answer"))
 >>> [t.data.answer for t in tasks.sample(3, random.Random(0))]
-['4', '2', '2']
+['4', '4', '2']
 
 ```
 """
