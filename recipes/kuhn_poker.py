@@ -45,9 +45,8 @@ from multiagent_rl.config import ExperimentConfig  # noqa: E402
 from multiagent_rl.envs.kuhn_poker import KuhnPokerEnv  # noqa: E402
 from multiagent_rl.envs.kuhn_poker.exploitability import evaluation_report  # noqa: E402
 from multiagent_rl.envs.kuhn_poker import random_mixed_table  # noqa: E402
-from multiagent_rl.envs.kuhn_poker.evaluation import (KuhnEvaluation, imitation_report, plot_exploitability,  # noqa: E402
-                                            read_policy)
-from transformers import TrainerCallback  # noqa: E402
+from multiagent_rl.envs.kuhn_poker.evaluation import (KuhnEvaluation, WarmupCheck, plot_exploitability,  # noqa: E402
+                                                        read_policy)
 from multiagent_rl.training.trainer import MixedAlgorithmTrainer, TrainingInterrupted  # noqa: E402
 
 WARMUP_POLICY = "multiagent_rl.envs.kuhn_poker:random_mixed_policy"
@@ -62,34 +61,6 @@ OVERRIDES = {"steps": "max_steps", "lr": "learning_rate", "seed": "seed", "repor
 NOT_WITH_CONFIG = ("warmup_steps", "warmup_group_size", "warmup_lr", "free_text", "backend", "vllm_mode", "vllm_url",
                    "entropy_coef", "entropy_final",
                    "magnet_coef", "magnet_every", "final_lr_ratio")
-
-
-class WarmupCheck(TrainerCallback):
-    """At the warm-up's last step, how closely the policy plays the warm-up teacher
-    ([`imitation_report`][multiagent_rl.envs.kuhn_poker.evaluation.imitation_report]): one console line, and a warning naming
-    every decision point where the policy has not learned to read its card (self-play from there stalled in our
-    runs). The report goes into ``summary.json`` as ``warmup_check``."""
-
-    def __init__(self, step: int, teacher: dict, evaluation: KuhnEvaluation):
-        self.step, self.teacher, self.evaluation = step, teacher, evaluation
-        self.report: dict | None = None
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step != self.step:
-            return
-        trainer = self.evaluation.trainer
-        table = self.evaluation.read(trainer.accelerator.unwrap_model(trainer.model), trainer.tokenizer)
-        self.report = imitation_report(table, self.teacher)
-        if not trainer.accelerator.is_main_process:
-            return
-        print(f"warm-up check at step {self.step}: largest gap to the teacher {self.report['max_gap']:.3f} "
-              f"({self.report['worst']})", flush=True)
-        for blind in self.report["card_blind"]:
-            where = " ".join(blind["history"]) or "the deal"
-            print(f"WARNING: after the warm-up, player {blind['player']} plays the same after {where} with J, Q and K "
-                  f"(P(bet or call) {blind['probabilities']}; teacher {blind['teacher']}): it has not learned to "
-                  "read its card there, and self-play from such a start stalled in our runs (seed 3: 0.19). Try "
-                  "another --seed.", flush=True)
 
 
 def warmup_teacher(config: ExperimentConfig) -> dict | None:
@@ -189,9 +160,8 @@ def parse(argv=None) -> tuple[argparse.Namespace, set[str]]:
     p.add_argument("--warmup-steps", type=int, help="sft steps imitating a random mixed strategy (default 100)")
     p.add_argument("--group-size", type=int, help="episodes per deal (default 8)")
     p.add_argument("--warmup-group-size", type=int,
-                   help="episodes per deal in the warm-up (default twice --group-size: 16, so the warm-up sees as many "
-                        "games per step as the 32-deal steps it was tuned with; with 8, seed 0's policy still played "
-                        "player 1's K after a check at 0.15 where the teacher bets 0.9)")
+                   help="episodes per deal in the warm-up (default twice --group-size: enough games per step for the "
+                        "policy to learn to read its card; docs/kuhn_poker_results.md)")
     p.add_argument("--groups-per-step", type=int, help="deals per step per process (default 16)")
     p.add_argument("--lr", type=float, help="Adam learning rate of the RL phase (default 3e-4)")
     p.add_argument("--warmup-lr", type=float, help="learning rate of the sft warm-up (default 3e-3)")
@@ -215,8 +185,8 @@ def parse(argv=None) -> tuple[argparse.Namespace, set[str]]:
                         "point a constant rate leaves Adam's steps a random walk of the sampling noise), 1 (constant) "
                         "without it")
     p.add_argument("--carry-warmup-optimizer", action="store_true",
-                   help="keep the warm-up's Adam state into the RL phase (the behaviour of the results before "
-                        "2026-12-03) instead of starting RL with a fresh one")
+                   help="keep the warm-up's Adam state into the RL phase instead of starting RL with a fresh one "
+                        "(the setting of the earlier results in docs/kuhn_poker_results.md)")
     p.add_argument("--free-text", action="store_true", default=None,
                    help="free-text replies (invalid ones re-prompted, then forfeited) instead of the legal-action harness")
     p.add_argument("--eval-every", type=int, default=10, help="steps between exact evaluations (and log lines)")

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping
 
 import torch
+from transformers import TrainerCallback
 
 from ...agents.chat_template import ChatTemplate
 from ...backends.scoring import eval_mode, model_device
@@ -141,7 +142,7 @@ def imitation_report(table: PolicyTable, teacher: PolicyTable, blind_spread: flo
     ``max_gap`` is the largest |P(bet or call) − teacher's| over the 12 information states (at ``worst``);
     ``card_blind`` lists the decision points (player, history) where the teacher's probability differs across
     the three cards by at least 0.5 but the table's by less than ``blind_spread``: there the policy has not learned
-    to read its card. Self-play from such a start stalled in our runs (docs/kuhn_poker_results.md).
+    to read its card. Self-play from such a start can stall (docs/kuhn_poker_results.md).
     """
     def bold(t, s):
         return t[s][s.legal_actions[1]]
@@ -197,6 +198,35 @@ class KuhnEvaluation(GameEvaluation):
         return {"invalid_mass": invalid_mass(raw),
                 "invalid_reply_rate": sum(t.metrics.get("invalid_replies", 0) for t in traces) / max(1, decisions),
                 "decisions": decisions}
+
+
+class WarmupCheck(TrainerCallback):
+    """At the warm-up's last step, how closely the policy plays the warm-up teacher
+    ([`imitation_report`][multiagent_rl.envs.kuhn_poker.evaluation.imitation_report]): one console line, and a warning naming
+    every decision point where the policy has not learned to read its card (self-play from such a start can stall:
+    docs/kuhn_poker_results.md). The Kuhn recipe puts the report into ``summary.json`` as ``warmup_check``."""
+
+    def __init__(self, step: int, teacher: dict, evaluation: KuhnEvaluation):
+        self.step, self.teacher, self.evaluation = step, teacher, evaluation
+        self.report: dict | None = None
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step != self.step:
+            return
+        trainer = self.evaluation.trainer
+        table = self.evaluation.read(trainer.accelerator.unwrap_model(trainer.model), trainer.tokenizer)
+        self.report = imitation_report(table, self.teacher)
+        if not trainer.accelerator.is_main_process:
+            return
+        print(f"warm-up check at step {self.step}: largest gap to the teacher {self.report['max_gap']:.3f} "
+              f"({self.report['worst']})", flush=True)
+        for blind in self.report["card_blind"]:
+            where = " ".join(blind["history"]) or "the deal"
+            print(f"WARNING: after the warm-up, player {blind['player']} plays the same after {where} with J, Q and K "
+                  f"(P(bet or call) {blind['probabilities']}; teacher {blind['teacher']}): it has not learned to "
+                  "read its card there, and self-play from such a start can stall (docs/kuhn_poker_results.md). "
+                  "Try another seed or a longer warm-up.", flush=True)
+
 
 
 def evaluate(model, tokenizer, legal_choices: bool = True, reply_tokens: int = 1) -> dict[str, float]:
