@@ -52,6 +52,9 @@ class AlgorithmContext:
     """The policy's tokenizer, or None."""
     load_backend: Callable[[str], Any] | None = None
     """Model reference -> backend (``build_backend``); cached, so a teacher named twice is loaded once."""
+    temperature: float = 1.0
+    """The trainer's sampling temperature: what the loss reads a token at when no model recorded one
+    (``Trace.loss_temperatures``), so a teacher reads those tokens the same way."""
 
 
 class Algorithm:

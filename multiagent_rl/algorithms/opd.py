@@ -55,11 +55,13 @@ class OPD(Algorithm):
     def __init__(self, config=None):
         super().__init__(config)
         self.teacher: Any = None
+        self.temperature = 1.0
 
     async def setup(self, ctx: AlgorithmContext) -> None:
         if ctx.load_backend is None:
             raise ValueError(f"opd needs AlgorithmContext.load_backend to load its teacher {self.config.teacher!r}")
         self.teacher = ctx.load_backend(self.config.teacher)
+        self.temperature = ctx.temperature
         check_same_vocabulary(ctx.tokenizer, self.teacher.tokenizer, f"opd teacher {self.config.teacher!r}")
 
     async def score_episode(self, episode: Episode, roles: set[str] | None = None) -> None:
@@ -70,7 +72,7 @@ class OPD(Algorithm):
             raise RuntimeError("opd.score_episode called before setup()")
         # the teacher reads each token as the student is trained: same allowed ids, same temperature
         scores = await self.teacher.score([t.token_ids for t in traces], allowed=[t.allowed_token_ids for t in traces],
-                                          temperatures=[t.token_temperatures for t in traces])
+                                          temperatures=[t.loss_temperatures(self.temperature) for t in traces])
         for trace, logprobs in zip(traces, scores):
             trace.streams = teacher_streams(self.name, trace, logprobs)
 

@@ -48,12 +48,13 @@ class OPSD(Algorithm):
         self.teacher: Any = None
         self.tokenizer: Any = None
         self.skipped = 0
+        self.temperature = 1.0
         """Traces that got no streams because their task has no demonstration."""
 
     async def setup(self, ctx: AlgorithmContext) -> None:
         if ctx.policy_backend is None or ctx.policy_model is None or ctx.tokenizer is None:
             raise ValueError("opsd needs the policy (backend and model) and its tokenizer in the AlgorithmContext")
-        self.tokenizer = ctx.tokenizer
+        self.tokenizer, self.temperature = ctx.tokenizer, ctx.temperature
         if self.config.teacher == "live":
             self.teacher = ctx.policy_backend
         else:
@@ -91,6 +92,7 @@ class OPSD(Algorithm):
         # the teacher reads each token as the student is trained: same allowed ids, same temperature
         scores = await self.teacher.score([hint + t.token_ids for t in traces],
                                           allowed=[[None] * len(hint) + t.allowed_token_ids for t in traces],
-                                          temperatures=[[None] * len(hint) + t.token_temperatures for t in traces])
+                                          temperatures=[[None] * len(hint) + t.loss_temperatures(self.temperature)
+                                                        for t in traces])
         for trace, logprobs in zip(traces, scores):
             trace.streams = teacher_streams(self.name, trace, logprobs, offset=len(hint))

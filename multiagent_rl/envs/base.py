@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import logging
 import math
 import random
@@ -69,7 +70,8 @@ class Env:
         raise NotImplementedError(f"{type(self).__name__} must implement `async def run(self, task, agents)`")
 
     def finalize(self, task: Task, episode: Episode) -> None:
-        """Called after ``run`` with the complete episode: a place for rewards that need every trace."""
+        """Called after ``run`` with the complete episode: a place for rewards that need every trace. May be
+        ``async def`` (then it is awaited, within the episode's timeout)."""
 
     def sample_tasks(self, num: int, rng: random.Random) -> list[Task]:
         """Tasks for training; environments with a dataset or a generator override this.
@@ -112,19 +114,21 @@ class Env:
             raise ValueError(f"{type(self).__name__} needs agents for seats {sorted(missing)}; got {sorted(agents)}")
         trainable = trainable or {}
         episode = Episode(id=episode_id or uuid.uuid4().hex[:12], task=task, group=group, env=name)
-        seats = {
+        seats = Seats(name, {
             role: Seat(agents[role], role, trainable.get(role, False), episode.traces,
                        seed=None if seed is None else f"{seed}/{episode.id}")
             for role in self.roles
-        }
+        })
         limit = None if timeout is None or math.isinf(timeout) else timeout
         deadline = asyncio.timeout(limit)
         try:
             async with deadline:
                 await _WatchBlocking(self.run(task, seats), name)
-            started = time.perf_counter()
-            self.finalize(task, episode)
-            _warn_if_blocking(name, time.perf_counter() - started, "finalize()")
+                started = time.perf_counter()
+                finalized = self.finalize(task, episode)
+                _warn_if_blocking(name, time.perf_counter() - started, "finalize()")
+                if inspect.isawaitable(finalized):  # `async def finalize`: awaited, within the episode's timeout
+                    await finalized
             problems = [p for t in episode.traces if (p := t.reward_problem(self.reward_ranges))]
             if problems:
                 raise ValueError("; ".join(problems))
@@ -140,6 +144,17 @@ class Env:
             else:
                 episode.errors.append(f"env {name!r}: {format_error(exc)}")
         return episode
+
+class Seats(dict):
+    """The seats ``run`` gets, by role; a role the env does not have is a ``KeyError`` that names the env's seats."""
+
+    def __init__(self, env: str, seats: dict):
+        super().__init__(seats)
+        self.env = env
+
+    def __missing__(self, role):
+        raise KeyError(f"env {self.env!r} has no seat {role!r}; its seats are {list(self)} (the env's `roles`)")
+
 
 class SingleAgentEnv(Env):
     """One seat, one reply per task, a reward function: a plain task set as an environment.

@@ -171,6 +171,13 @@ class Trace:
         """Per token, the temperature it was sampled at (``None``: not sampled by a model)."""
         return [s.temperature for s in self.segments for _ in s.token_ids]
 
+    def loss_temperatures(self, default: float) -> list[float]:
+        """Per token, the temperature the loss (and a teacher scoring for it) reads it at: the one it was sampled at
+        when the trained policy sampled it, else ``default`` (the trainer's): tokens of a hand-built trace, of a
+        frozen or scripted seat, or appended by the env."""
+        by_policy = self.model == "policy"
+        return [t if (t is not None and by_policy) else default for t in self.token_temperatures]
+
     @property
     def sampling_logprobs(self) -> list[float | None]:
         out: list[float | None] = []
@@ -226,7 +233,12 @@ class Trace:
         return float(sum((r.value * r.weight for r in self.rewards), 0.0))
 
     def add_reward(self, name: str, value: float, weight: float = 1.0) -> None:
-        """Record a named reward component. Raises ``ValueError`` for a value that is not a finite number."""
+        """Record a named reward component (once per name: ``trace.reward`` is the weighted sum of the components).
+        Raises ``ValueError`` for a value that is not a finite number or a name already recorded."""
+        if any(r.name == name for r in self.rewards):
+            raise ValueError(f"role {self.role!r}: reward {name!r} is already recorded on this trace; record each "
+                             "component once under its own name (e.g. 'turn_1', 'turn_2'): the trace's reward is "
+                             "their weighted sum")
         for what, x in (("reward", value), ("weight", weight)):
             if isinstance(x, bool) or not isinstance(x, Real) or not math.isfinite(x):
                 raise ValueError(

@@ -17,6 +17,7 @@ hook so group credit sees every process's episodes.
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 from collections import defaultdict
 from collections.abc import Callable
@@ -32,6 +33,8 @@ from ..envs.base import DEFAULT_EPISODE_TIMEOUT, Env, play_episodes, run_sync
 from ..episodes.episode import Episode
 from ..tasks.datasets import DatasetTasks
 from .health import RunHealth
+
+logger = logging.getLogger(__name__)
 
 Gather = Callable[[list[Episode]], tuple[list[Episode], int]]
 """From this process's episodes: every process's episodes in rank order, and where this process's own
@@ -104,9 +107,10 @@ class Orchestrator:
         self.slot_of = {slot.label: slot for slot in self.slots}
         self.episodes_played = 0
         self.last_episodes: list[Episode] = []
+        self._warned_silent: set[tuple[str, str]] = set()
         endpoints = self.experiment.endpoints
         ctx = AlgorithmContext(policy_backend=policy, policy_model=policy_model,
-                               tokenizer=getattr(policy, "tokenizer", None),
+                               tokenizer=getattr(policy, "tokenizer", None), temperature=self.sampling.temperature,
                                load_backend=lambda model: build_backend(model, device=device, endpoints=endpoints))
         run_sync(_gather(*(a.setup(ctx) for a in self.algorithms.values())))
 
@@ -174,6 +178,7 @@ class Orchestrator:
             (task,) = slot.tasks.sample(1, self.rng) if slot.tasks else slot.env.sample_tasks(1, self.rng)
             jobs.append(self._play_group(i, task, f"s{step}-r{self.rank}-g{g}"))
         episodes = [ep for group in await asyncio.gather(*jobs) for ep in group]
+        self._warn_silent_seats(episodes)
         for ep in episodes:
             self._check(ep)
         await asyncio.gather(*(self.algorithms[key].score_episode(ep, roles)
@@ -187,6 +192,20 @@ class Orchestrator:
             max_concurrency=self.max_concurrency, groups=[group], seed=str(self.seed),
             timeout=DEFAULT_EPISODE_TIMEOUT if spec.timeout is None else spec.timeout, name=slot.label,
         )
+
+    def _warn_silent_seats(self, episodes: list[Episode]) -> None:
+        """Once per env and seat: a trainable seat that no finished episode of this step has a trace of (its env's
+        ``run`` never called it) is neither trained nor in the metrics."""
+        for slot in self.slots:
+            finished = [ep for ep in episodes if ep.env == slot.label and ep.ok]
+            played = {t.role for ep in finished for t in ep.traces}
+            for role, trainable in slot.trainable.items():
+                if finished and trainable and role not in played and (slot.label, role) not in self._warned_silent:
+                    self._warned_silent.add((slot.label, role))
+                    logger.warning("env %r: the trainable seat %r has no trace in this step's %d finished episodes: "
+                                   "run() never called it, so it is neither trained nor in the metrics. Call "
+                                   "agents[%r] in run(), or set [env.roles.%s] trainable = false (warned once)",
+                                   slot.label, role, len(finished), role, role)
 
     def _check(self, episode: Episode) -> None:
         """Fail an episode whose trained traces an algorithm cannot use (no reward, out of range, too long)."""
@@ -301,6 +320,10 @@ def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
             prefix = f"{env}/{role}/{algo}"
             rewards = [t.reward for t in traces]
             metrics[f"{prefix}/reward_mean"], metrics[f"{prefix}/reward_std"] = _mean_std(rewards)
+            with_rl = [t for t in traces if t.streams is not None and t.streams.advantages is not None]
+            if with_rl:
+                metrics[f"{prefix}/zero_advantage_share"] = sum(
+                    not any(a != 0 for a in t.streams.advantages) for t in with_rl) / len(with_rl)
             for stream in STREAMS:
                 values = [w for t in traces if t.streams for w in (getattr(t.streams, stream.field) or [])]
                 nonzero = [w for w in values if w != 0]

@@ -66,6 +66,8 @@ class RunHealth:
         self._empty: dict[tuple[str, str], int] = defaultdict(int)
         self._skipped = 0
         self.total_skipped = 0
+        self._flat: dict[str, int] = defaultdict(int)
+        self.flat_warn_steps = failed_steps
 
     def after_rollout(self, episodes: list[Episode], required: dict[str, dict[str, list[str]]]) -> None:
         """Judge one step's episodes (all processes'). ``required[env][stream]`` names who needs the stream."""
@@ -86,6 +88,7 @@ class RunHealth:
                     )
             else:
                 self._failed[env] = 0
+            self._warn_if_flat(env, eps)
             fed = set().union(*(streams_fed(ep) for ep in eps if ep.ok))
             for stream, owners in required.get(env, {}).items():
                 key = (env, stream)
@@ -97,6 +100,22 @@ class RunHealth:
                         "Check that the roles act in every episode and that the algorithm has what it needs "
                         "(rewards, a demonstration for opsd, a teacher for opd); `max_failed_steps` sets the limit."
                     )
+
+    def _warn_if_flat(self, env: str, eps: list[Episode]) -> None:
+        """Warn (once per streak) when every rl-scored trace of an env got advantage 0 for several steps: each group's
+        rewards were all equal, so the rl loss is 0 and nothing learns from them."""
+        scored = [t for ep in eps if ep.ok for t in ep.traces
+                  if t.trainable and t.streams is not None and t.streams.advantages is not None]
+        if not scored or any(a != 0 for t in scored for a in t.streams.advantages):
+            self._flat[env] = 0
+            return
+        self._flat[env] += 1
+        if self._flat[env] == self.flat_warn_steps:
+            logger.warning("env %r: every advantage was 0 in %d consecutive steps (%d traces in the last): the rewards "
+                           "are equal within each task group, so the rl loss is 0 and the policy does not move. Check "
+                           "the reward (is it constant? does every episode fail the same way?), make tasks easier or "
+                           "harder, or use a running baseline (rae) instead of the group mean", env, self._flat[env],
+                           len(scored))
 
     def after_gradient(self, finite: bool, cause: str = "") -> bool:
         """Record whether this step's loss and gradient were finite; returns True when the step must be skipped."""

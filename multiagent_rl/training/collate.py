@@ -63,8 +63,7 @@ def _row(s: Sample, temperature: float, skip_zero_advantage: bool) -> dict:
                # tokens the policy sampled (not forced): where the sampler's logprob can be compared to the trainer's
                sampled_mask=[float(by_policy and x is not None) * f for x, f in zip(sampling, free)],
                algorithm=trace.streams.algorithm, env=s.env, role=trace.role)
-    # the temperature the loss reads a token at: the one it was sampled at when the policy sampled it
-    row["temperatures"] = [t if (t is not None and by_policy) else temperature for t in trace.token_temperatures[p:]]
+    row["temperatures"] = trace.loss_temperatures(temperature)[p:]
     for stream in STREAMS:
         values = getattr(trace.streams, stream.field)
         weights = [0.0] * len(kinds) if values is None else list(values[p:])
