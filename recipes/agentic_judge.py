@@ -36,7 +36,7 @@ import sys
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 from multiagent_rl.config import ExperimentConfig  # noqa: E402
-from multiagent_rl.training.run import finish, train  # noqa: E402
+from multiagent_rl.training.run import HelpFormatter, add_hub_flags, finish, train  # noqa: E402
 from multiagent_rl.training.trainer import MixedAlgorithmTrainer  # noqa: E402
 
 METRICS = ("judged_pass", "correct", "fooled_tests", "tests_pass", "judge_score", "tests")
@@ -166,23 +166,25 @@ def plot(rows: list[dict], path: str, title: str) -> None:
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="tiny")
-    p.add_argument("--reward", choices=("judge", "tests"), default="judge")
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    p.add_argument("--model", default="tiny", help="the solver policy: 'tiny', a Hub id or a folder")
+    p.add_argument("--reward", choices=("judge", "tests"), default="judge",
+                   help="the solver's reward: the judge's verdict, or the share of unit tests passed")
     p.add_argument("--solver", choices=("policy", "hostile"), default="policy",
                    help="'hostile': a scripted solver writes attacks instead of code (write mode), the scripted judge "
                         "judges them, nothing is trained: a check that the sandbox and the grading hold in a run")
     p.add_argument("--judge-model", default="scripted",
                    help="'scripted' (examples_judge) or a served model, e.g. vllm:http://HOST:8000/v1#MODEL")
-    p.add_argument("--steps", type=int, default=120)
+    p.add_argument("--steps", type=int, default=120, help="training steps")
     p.add_argument("--group-size", type=int, default=8, help="episodes per task")
-    p.add_argument("--groups-per-step", type=int, default=4)
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--log-every", type=int, default=2)
+    p.add_argument("--groups-per-step", type=int, default=4, help="tasks per step")
+    p.add_argument("--lr", type=float, default=2e-3, help="learning rate")
+    p.add_argument("--log-every", type=int, default=2, help="steps between log lines")
     p.add_argument("--start-logs", type=int, default=3, help="logging steps averaged as the starting level")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--output-dir", default="outputs/agentic_judge")
-    p.add_argument("--report-to", nargs="*", default=[])
+    p.add_argument("--seed", type=int, default=0, help="seeds the run")
+    p.add_argument("--output-dir", default="outputs/agentic_judge", help="where everything is written")
+    p.add_argument("--report-to", nargs="*", default=[], help="trackers, e.g. wandb or trackio")
+    add_hub_flags(p)
     args = p.parse_args(argv)
 
     trainer = MixedAlgorithmTrainer(experiment(args))
@@ -196,7 +198,7 @@ def main(argv=None) -> dict:
     if args.solver == "hostile":
         summary.update(attack_report(args.output_dir))
     finish(trainer, summary, lambda path: plot(rows, path, f"solver rewarded by the {args.reward}, seed {args.seed}"),
-           "judge.png", interrupted)
+           "judge.png", interrupted, push_to_hub=args.push_to_hub, public=args.public)
     return summary
 
 

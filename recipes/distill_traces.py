@@ -4,14 +4,16 @@
     python recipes/distill_traces.py --traces outputs/user_sim/traces --steps 150 300   # ~4 minutes on 2 cores
 
     python recipes/kuhn_poker.py --output-dir outputs/kuhn_poker     # or a Kuhn poker self-play run
-    python recipes/distill_traces.py --eval kuhn_poker --traces outputs/kuhn_poker/traces --env kuhn_selfplay \
+    python recipes/distill_traces.py --eval kuhn_poker --traces outputs/kuhn_poker/traces --env kuhn_poker \
         --steps 1400 1600
 
-Takes a run's traces (``--env``, ``--role``, ``--steps``; a run's ``traces/`` or, for ``episode_format = "jsonl"``
-runs, ``episodes/``), keeps the best ones (``--min-reward``), turns every assistant reply into a prompt–completion
-pair (the loss is on the reply only) and fine-tunes a fresh copy of the base model with ``trl.SFTTrainer``. For
-comparison it also fine-tunes, on as many examples, a copy on traces drawn without the reward filter. All three
-(base, SFT on any traces, SFT on the best) are evaluated by ``--eval``:
+Takes runs' traces (``--traces``, repeated for several runs: a run's ``traces/`` or, for ``episode_format =
+"jsonl"`` runs, ``episodes/``, a folder of shards or one shard), keeps those the trained policy played
+(``--played-by``: a warm-up's scripted teacher is not the policy) that match ``--env`` (an env id or label),
+``--role`` and ``--steps``, keeps the best ones (``--min-reward``), turns every assistant reply into a
+prompt–completion pair (the loss is on the reply only) and fine-tunes a fresh copy of the base model with
+``trl.SFTTrainer``. For comparison it also fine-tunes, on as many examples, a copy on traces drawn without the reward
+filter. All three (base, SFT on any traces, SFT on the best) are evaluated by ``--eval``:
 
 - ``user_sim`` (default): greedy success per persona on held-out scenarios against the scripted user; the
   assistant's traces, best = success (reward ≥ 1).
@@ -19,7 +21,8 @@ comparison it also fine-tunes, on as many examples, a copy on traces drawn witho
   legal-action harness plays it) and its expected chips against the Nash policy; both seats' traces, best = hands
   that won chips (reward ≥ 1).
 
-Writes ``summary.json`` to ``--output-dir``.
+Writes ``summary.json`` and the two fine-tuned models (``sft_any/``, ``sft_best/``, each loadable with
+``from_pretrained``) to ``--output-dir``.
 """
 
 from __future__ import annotations
@@ -34,10 +37,12 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 from multiagent_rl.models import load_model_and_tokenizer  # noqa: E402
 from multiagent_rl.data.traces import filter_traces, load_traces, to_sft_prompt_completion  # noqa: E402
+from multiagent_rl.training.run import HelpFormatter  # noqa: E402
 
 
 def fine_tune(rows, args, name: str):
-    """A fresh base model fine-tuned on ``rows`` (prompt–completion) with TRL's SFTTrainer."""
+    """A fresh base model fine-tuned on ``rows`` (prompt–completion) with TRL's SFTTrainer, saved with its tokenizer
+    in ``--output-dir/name``."""
     import torch
     from trl import SFTConfig, SFTTrainer
 
@@ -49,7 +54,9 @@ def fine_tune(rows, args, name: str):
         save_strategy="no", report_to=[], seed=args.seed, max_length=None,
         use_cpu=cpu, bf16=not cpu, activation_checkpointing=False,  # TRL's defaults are GPU ones
     )
-    SFTTrainer(model=model, args=config, train_dataset=rows, processing_class=tokenizer).train()
+    trainer = SFTTrainer(model=model, args=config, train_dataset=rows, processing_class=tokenizer)
+    trainer.train()
+    trainer.save_model(config.output_dir)  # weights, config and tokenizer: the model the summary scores
     return model, tokenizer
 
 
@@ -90,33 +97,38 @@ EVALUATIONS = {"user_sim": (user_sim_evaluation, "assistant"), "kuhn_poker": (ku
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--traces", required=True, help="a run's traces/ (or episodes/) folder; several runs: repeat")
-    p.add_argument("--more-traces", nargs="*", default=[])
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    p.add_argument("--traces", required=True, nargs="+", action="extend", metavar="FOLDER",
+                   help="a run's traces/ (or episodes/) folder, a folder of shards or a shard file; several: repeat "
+                        "the flag or list them")
+    p.add_argument("--more-traces", nargs="+", action="extend", dest="traces", help=argparse.SUPPRESS)  # old spelling
     p.add_argument("--eval", choices=sorted(EVALUATIONS), default="user_sim", help="how models are scored")
-    p.add_argument("--env", help="the env's label in the run (recipes/user_sim.py: 'dialogue', recipes/kuhn_poker.py: "
-                                 "'kuhn_selfplay'); default: all")
+    p.add_argument("--env", help="an env id (user_sim, kuhn_poker) or an env entry's label; default: all")
     p.add_argument("--role", help="whose traces (default: the assistant for user_sim, both seats for kuhn_poker)")
-    p.add_argument("--min-reward", type=float, default=1.0)
-    p.add_argument("--steps", type=int, nargs=2, metavar=("FIRST", "LAST"), help="inclusive step range")
-    p.add_argument("--model", default="tiny")
-    p.add_argument("--epochs", type=float, default=2.0)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--played-by", default="policy",
+                   help="whose traces: 'policy' (the trained model; not a warm-up's scripted teacher), another "
+                        "model name of the traces' model column, or 'any'")
+    p.add_argument("--min-reward", type=float, default=1.0, help="the best traces: reward at least this")
+    p.add_argument("--steps", type=int, nargs=2, metavar=("FIRST", "LAST"), help="inclusive step range (default: all)")
+    p.add_argument("--model", default="tiny", help="the base model each fine-tuned copy starts from")
+    p.add_argument("--epochs", type=float, default=2.0, help="SFT epochs over each condition's examples")
+    p.add_argument("--lr", type=float, default=1e-3, help="SFT learning rate (constant)")
+    p.add_argument("--batch-size", type=int, default=32, help="SFT batch size")
     p.add_argument("--max-examples", type=int, default=2000, help="replies per condition (drawn at random)")
-    p.add_argument("--per-persona", type=int, default=16)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--output-dir", default="outputs/distill_traces")
+    p.add_argument("--per-persona", type=int, default=16, help="with --eval user_sim: held-out scenarios per persona")
+    p.add_argument("--seed", type=int, default=0, help="seeds the draws and the fine-tuning")
+    p.add_argument("--output-dir", default="outputs/distill_traces", help="summary.json, sft_any/, sft_best/")
     args = p.parse_args(argv)
 
     make_evaluation, default_role = EVALUATIONS[args.eval]
     role = args.role or default_role
-    traces = load_traces([args.traces, *args.more_traces])
-    pool = filter_traces(traces, env=args.env, role=role, steps=tuple(args.steps) if args.steps else None)
+    traces = load_traces(args.traces)
+    pool = filter_traces(traces, env=args.env, role=role, model=None if args.played_by == "any" else args.played_by,
+                         steps=tuple(args.steps) if args.steps else None)
     best = filter_traces(pool, min_reward=args.min_reward)
     if len(best) == 0:
-        raise SystemExit(f"no {args.env or 'any env'}/{role or 'any role'} trace reaches reward {args.min_reward}: "
-                         "nothing to distil")
+        raise SystemExit(f"no {args.env or 'any env'}/{role or 'any role'} trace played by {args.played_by} reaches "
+                         f"reward {args.min_reward}: nothing to distil")
     best_rows = to_sft_prompt_completion(best)
     n = min(len(best_rows), args.max_examples)
     best_rows = best_rows.shuffle(seed=args.seed).select(range(n))
@@ -126,9 +138,10 @@ def main(argv=None) -> dict:
     results = {"base": evaluate(*load_model_and_tokenizer(args.model))}
     for name, rows in (("sft_any", any_rows), ("sft_best", best_rows)):
         results[name] = evaluate(*fine_tune(rows, args, name))
-    summary = {"eval": args.eval, "traces": len(pool), "best_traces": len(best), "examples_per_condition": n,
-               "min_reward": args.min_reward, "results": results}
     out = Path(args.output_dir)
+    summary = {"eval": args.eval, "traces": len(pool), "best_traces": len(best), "examples_per_condition": n,
+               "min_reward": args.min_reward, "results": results,
+               "models": {name: str(out / name) for name in ("sft_any", "sft_best")}}
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     keys = list(results["base"])

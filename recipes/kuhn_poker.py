@@ -47,6 +47,7 @@ from multiagent_rl.envs.kuhn_poker.exploitability import evaluation_report  # no
 from multiagent_rl.envs.kuhn_poker import random_mixed_table  # noqa: E402
 from multiagent_rl.envs.kuhn_poker.evaluation import (KuhnEvaluation, WarmupCheck, plot_exploitability,  # noqa: E402
                                                         read_policy)
+from multiagent_rl.training.run import add_hub_flags, close_episode_log, publish, results_table  # noqa: E402
 from multiagent_rl.training.trainer import MixedAlgorithmTrainer, TrainingInterrupted  # noqa: E402
 
 WARMUP_POLICY = "multiagent_rl.envs.kuhn_poker:random_mixed_policy"
@@ -77,14 +78,16 @@ def experiment(args) -> ExperimentConfig:
     warmup_seat = {"model": "scripted", "policy": WARMUP_POLICY, "policy_args": {"seed": args.seed, "low": 0.1, "high": 0.9, "two_point": True},
                    "algo": {"type": "sft"}}
     env_args = {"legal_choices": not args.free_text, "reward": "unit" if args.algo == "max_rl" else "chips"}
-    envs = [{"id": "kuhn_poker", "name": "kuhn_selfplay", "args": env_args, "group_size": args.group_size}]
+    envs = [{"id": "kuhn_poker", "args": env_args, "group_size": args.group_size}]  # labelled by its id
     phases = []
     if args.warmup_steps:
-        envs.insert(0, {"id": "kuhn_poker", "name": "kuhn_warmup", "args": env_args, "group_size": args.warmup_group_size,
+        envs.insert(0, {"id": "kuhn_poker", "name": "kuhn_poker_warmup", "args": env_args,
+                        "group_size": args.warmup_group_size,
                         "roles": {"player_0": warmup_seat, "player_1": warmup_seat}})
         # the RL phase starts with a fresh Adam: the warm-up's second moments would shrink its first few hundred steps
-        phases = [{"name": "warmup", "steps": args.warmup_steps, "envs": ["kuhn_warmup"], "learning_rate": args.warmup_lr},
-                  {"name": "selfplay", "envs": ["kuhn_selfplay"], "fresh_optimizer": not args.carry_warmup_optimizer}]
+        phases = [{"name": "warmup", "steps": args.warmup_steps, "envs": ["kuhn_poker_warmup"],
+                   "learning_rate": args.warmup_lr},
+                  {"name": "selfplay", "envs": ["kuhn_poker"], "fresh_optimizer": not args.carry_warmup_optimizer}]
     regularisers = []
     if args.entropy_coef or args.entropy_final is not None:
         regularisers.append({"type": "entropy", "coef": args.entropy_coef,
@@ -198,6 +201,7 @@ def parse(argv=None) -> tuple[argparse.Namespace, set[str]]:
     p.add_argument("--config", help="a TOML experiment config; flags given explicitly are written over it")
     p.add_argument("--seed", type=int, help="default 0")
     p.add_argument("--report-to", nargs="*", help="trackers, e.g. wandb (WANDB_MODE=offline) or trackio")
+    add_hub_flags(p)
     args = p.parse_args(argv)
     given = {k for k, v in vars(args).items() if v is not None and k in DEFAULTS or (k == "free_text" and v)}
     for key, value in DEFAULTS.items():
@@ -261,14 +265,21 @@ def main(argv=None) -> dict:
         "avg_report": evaluation_report(evaluation.average.table()) if len(evaluation.average) else None,
         "curve": evaluation.points,
     }
+    close_episode_log(trainer)
     if trainer.accelerator.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
         if evaluation.points:
             plot_exploitability(evaluation.points, str(out / "exploitability.png"))
+        trainer.command = summary["command"]
+        trainer.model_card_results = results_table(summary, ("curve", "report", "avg_report", "warmup_check"))
         trainer.save_model(str(out / "final_model"))
         print(json.dumps({k: v for k, v in summary.items() if k not in ("curve", "report", "avg_report")}, indent=2))
         print(f"wrote {out / 'summary.json'} and {out / 'exploitability.png'}")
+        if args.push_to_hub and interrupted is None:
+            print("pushed: " + ", ".join(publish(trainer, args.push_to_hub, public=args.public).values()))
+        elif args.push_to_hub:
+            print(f"not pushed to {args.push_to_hub}: the run was interrupted; resume it to the end, then push")
         if interrupted is not None:
             print(f"interrupted at step {interrupted.step}: checkpoint {interrupted.checkpoint}, summary "
                   f"{out / 'summary.json'}, model {out / 'final_model'}; continue with --resume", flush=True)

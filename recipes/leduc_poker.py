@@ -22,7 +22,7 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 from multiagent_rl.training.phases import warmup_then_rl  # noqa: E402
 from multiagent_rl.envs.leduc_poker.evaluation import LeducEvaluation  # noqa: E402
-from multiagent_rl.training.run import finish, train  # noqa: E402
+from multiagent_rl.training.run import HelpFormatter, add_hub_flags, finish, train  # noqa: E402
 from multiagent_rl.training.trainer import MixedAlgorithmTrainer  # noqa: E402
 
 ENV = "multiagent_rl.envs.leduc_poker"
@@ -31,9 +31,9 @@ ENV = "multiagent_rl.envs.leduc_poker"
 def experiment(args) -> dict:
     warmup_seat = {"model": "scripted", "policy": f"{ENV}:random_mixed_policy", "policy_args": {"seed": args.seed},
                    "algo": {"type": "sft"}}
-    envs = [{"id": "leduc_poker", "name": "leduc_selfplay", "group_size": args.group_size}]
+    envs = [{"id": "leduc_poker", "group_size": args.group_size}]  # labelled by its id
     if args.warmup_steps:
-        envs.insert(0, {"id": "leduc_poker", "name": "leduc_warmup", "group_size": args.group_size,
+        envs.insert(0, {"id": "leduc_poker", "name": "leduc_poker_warmup", "group_size": args.group_size,
                         "roles": {"player_0": warmup_seat, "player_1": warmup_seat}})
     trainer = {"output_dir": args.output_dir, "max_steps": args.steps, "learning_rate": args.lr,
                "lr_scheduler_type": "constant",
@@ -43,7 +43,7 @@ def experiment(args) -> dict:
     entropy = [{"type": "entropy", "coef": args.entropy_coef,
                 **({"final": args.entropy_final, "anneal_start": args.warmup_steps} if args.entropy_final is not None
                    else {})}] if args.entropy_coef or args.entropy_final is not None else []
-    phases = warmup_then_rl(args.warmup_steps, ["leduc_warmup"], ["leduc_selfplay"], args.warmup_lr,
+    phases = warmup_then_rl(args.warmup_steps, ["leduc_poker_warmup"], ["leduc_poker"], args.warmup_lr,
                             fresh_optimizer=args.fresh_optimizer)
     return {"algo": {"type": args.algo}, "model": {"name": args.model}, "env": envs, "phase": phases,
             "regulariser": entropy, "trainer": trainer}
@@ -70,24 +70,25 @@ def plot(points: list[dict], path: str) -> None:
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="tiny")
-    p.add_argument("--algo", default="rae")
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    p.add_argument("--model", default="tiny", help="the policy: 'tiny', 'smollm2-135m', a Hub id or a folder")
+    p.add_argument("--algo", default="rae", help="the RL algorithm of self-play (rae, grpo, ...)")
     p.add_argument("--steps", type=int, default=400, help="training steps, warm-up included")
-    p.add_argument("--warmup-steps", type=int, default=100)
+    p.add_argument("--warmup-steps", type=int, default=100, help="sft steps imitating a random mixed strategy (0: none)")
     p.add_argument("--group-size", type=int, default=8, help="episodes per deal")
     p.add_argument("--groups-per-step", type=int, default=16, help="deals per step")
-    p.add_argument("--lr", type=float, default=3e-4)
-    p.add_argument("--warmup-lr", type=float, default=3e-3)
-    p.add_argument("--entropy-coef", type=float, default=0.3)
+    p.add_argument("--lr", type=float, default=3e-4, help="learning rate of self-play")
+    p.add_argument("--warmup-lr", type=float, default=3e-3, help="learning rate of the warm-up")
+    p.add_argument("--entropy-coef", type=float, default=0.3, help="entropy bonus on the RL tokens (0: none)")
     p.add_argument("--entropy-final", type=float, help="anneal the bonus to this value by the last step")
     p.add_argument("--fresh-optimizer", action="store_true",
                    help="start self-play with a fresh Adam instead of the warm-up's (the Kuhn recipe's default; on "
                         "Leduc neutral to worse in one comparison: docs/leduc_poker.md)")
-    p.add_argument("--eval-every", type=int, default=20)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--output-dir", default="outputs/leduc_poker")
-    p.add_argument("--report-to", nargs="*", default=[])
+    p.add_argument("--eval-every", type=int, default=20, help="steps between exact evaluations (and log lines)")
+    p.add_argument("--seed", type=int, default=0, help="seeds the run and the warm-up strategy")
+    p.add_argument("--output-dir", default="outputs/leduc_poker", help="where everything is written")
+    p.add_argument("--report-to", nargs="*", default=[], help="trackers, e.g. wandb or trackio")
+    add_hub_flags(p)
     args = p.parse_args(argv)
 
     evaluation = LeducEvaluation(args.eval_every, start_step=args.warmup_steps)
@@ -105,7 +106,8 @@ def main(argv=None) -> dict:
                                         if p["avg_exploitability"] is not None), default=None),
         "curve": points,
     }
-    finish(trainer, summary, lambda path: plot(points, path), "exploitability.png", interrupted, hidden=("curve",))
+    finish(trainer, summary, lambda path: plot(points, path), "exploitability.png", interrupted, hidden=("curve",),
+           push_to_hub=args.push_to_hub, public=args.public)
     return summary
 
 

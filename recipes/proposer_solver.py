@@ -29,7 +29,7 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 from multiagent_rl.config import ExperimentConfig  # noqa: E402
 from multiagent_rl.training.phases import warmup_then_rl  # noqa: E402
 from multiagent_rl.envs.proposer_solver.evaluation import SolverEvaluation, curves, plot_curriculum  # noqa: E402
-from multiagent_rl.training.run import finish, train  # noqa: E402
+from multiagent_rl.training.run import HelpFormatter, add_hub_flags, finish, train  # noqa: E402
 from multiagent_rl.training.trainer import MixedAlgorithmTrainer  # noqa: E402
 
 ENV = "multiagent_rl.envs.proposer_solver"
@@ -50,13 +50,15 @@ def experiment(args) -> ExperimentConfig:
          "roles": {"proposer": uniform, "solver": {"trainable": False}}},
     ]
     if args.warmup_steps:
-        envs.insert(0, {"id": "proposer_solver", "name": "warmup", "args": game, "group_size": args.group_size,
+        envs.insert(0, {"id": "proposer_solver", "name": "proposer_solver_warmup", "args": game,
+                        "group_size": args.group_size,
                         "roles": {"proposer": {**imitate, "policy": f"{ENV}:uniform_proposer"},
                                   "solver": {**imitate, **warmup_solver(args.warmup_solver_accuracy)}}})
     return ExperimentConfig.model_validate({
         "model": {"name": args.model},
         "env": envs,
-        "phase": warmup_then_rl(args.warmup_steps, ["warmup"], ["curriculum", "uniform_probe"], args.warmup_lr),
+        "phase": warmup_then_rl(args.warmup_steps, ["proposer_solver_warmup"], ["curriculum", "uniform_probe"],
+                                args.warmup_lr),
         "regulariser": [{"type": "entropy", "coef": args.entropy_coef}] if args.entropy_coef else [],
         "trainer": {
             "output_dir": args.output_dir, "max_steps": args.steps, "learning_rate": args.lr,
@@ -99,32 +101,33 @@ def summarize(rows: list[dict], points: list[dict], levels: list[int], args, val
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="tiny")
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    p.add_argument("--model", default="tiny", help="the policy: 'tiny', 'smollm2-135m', a Hub id or a folder")
     p.add_argument("--proposer", choices=("trained", "uniform"), default="trained",
                    help="'uniform' keeps the proposer scripted (uniform difficulty): the no-curriculum baseline")
     p.add_argument("--steps", type=int, default=700, help="training steps, warm-up included")
-    p.add_argument("--warmup-steps", type=int, default=300)
-    p.add_argument("--levels", type=int, nargs="+", default=[1, 2, 3, 4, 5, 6])
-    p.add_argument("--topic", default="addition")
-    p.add_argument("--solvers", type=int, default=4)
+    p.add_argument("--warmup-steps", type=int, default=300, help="sft steps imitating the scripted roles (0: none)")
+    p.add_argument("--levels", type=int, nargs="+", default=[1, 2, 3, 4, 5, 6], help="the difficulty levels proposed")
+    p.add_argument("--topic", default="addition", help="the kind of problem")
+    p.add_argument("--solvers", type=int, default=4, help="solver attempts per proposal")
     p.add_argument("--warmup-solver-accuracy", type=float, default=0.3,
                    help="the warm-up solver is right with this probability (else off by a little); 0: it guesses an "
                         "integer of the right size (the format only), which leaves the tiny solver ignoring the "
                         "problem and stuck on one answer")
     p.add_argument("--group-size", type=int, default=8, help="proposals per task group")
-    p.add_argument("--groups-per-step", type=int, default=8)
+    p.add_argument("--groups-per-step", type=int, default=8, help="task groups per step")
     p.add_argument("--probe-weight", type=float, default=0.25, help="share of groups on the uniform probe env")
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--warmup-lr", type=float, default=3e-3)
-    p.add_argument("--entropy-coef", type=float, default=0.0)
-    p.add_argument("--eval-every", type=int, default=20)
-    p.add_argument("--log-every", type=int, default=5)
-    p.add_argument("--save-every", type=int, default=0)
-    p.add_argument("--resume", action="store_true")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--output-dir", default="outputs/proposer_solver")
-    p.add_argument("--report-to", nargs="*", default=[])
+    p.add_argument("--lr", type=float, default=1e-3, help="learning rate of the RL phase")
+    p.add_argument("--warmup-lr", type=float, default=3e-3, help="learning rate of the warm-up")
+    p.add_argument("--entropy-coef", type=float, default=0.0, help="entropy bonus on the RL tokens (0: none)")
+    p.add_argument("--eval-every", type=int, default=20, help="steps between held-out solver evaluations")
+    p.add_argument("--log-every", type=int, default=5, help="steps between log lines")
+    p.add_argument("--save-every", type=int, default=0, help="steps between checkpoints (0: none)")
+    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --output-dir")
+    p.add_argument("--seed", type=int, default=0, help="seeds the run")
+    p.add_argument("--output-dir", default="outputs/proposer_solver", help="where everything is written")
+    p.add_argument("--report-to", nargs="*", default=[], help="trackers, e.g. wandb or trackio")
+    add_hub_flags(p)
     args = p.parse_args(argv)
 
     config = experiment(args)
@@ -140,7 +143,7 @@ def main(argv=None) -> dict:
         "curves": rows, "held_out": evaluation.points,
     }
     finish(trainer, summary, lambda path: plot_curriculum(rows, evaluation.points, args.levels, path), "curriculum.png",
-           interrupted, resume_hint="; continue with --resume")
+           interrupted, resume_hint="; continue with --resume", push_to_hub=args.push_to_hub, public=args.public)
     return summary
 
 

@@ -24,7 +24,7 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 from multiagent_rl.config import ExperimentConfig  # noqa: E402
 from multiagent_rl.training.phases import warmup_then_rl  # noqa: E402
 from multiagent_rl.envs.user_sim.evaluation import UserSimEvaluation, plot_user_sim  # noqa: E402
-from multiagent_rl.training.run import finish, train  # noqa: E402
+from multiagent_rl.training.run import HelpFormatter, add_hub_flags, finish, train  # noqa: E402
 from multiagent_rl.training.trainer import MixedAlgorithmTrainer  # noqa: E402
 
 ENV = "multiagent_rl.envs.user_sim"
@@ -32,17 +32,17 @@ ENV = "multiagent_rl.envs.user_sim"
 
 def experiment(args) -> ExperimentConfig:
     game = {"menu": True, "max_turns": args.max_turns}
-    envs = [{"id": "user_sim", "name": "dialogue", "args": game, "group_size": args.group_size}]
+    envs = [{"id": "user_sim", "args": game, "group_size": args.group_size}]  # labelled by its id
     if args.warmup_steps:
         teacher = {"model": "scripted", "policy": f"{ENV}:hasty_assistant", "policy_args": {"patience": args.patience},
                    "algo": {"type": "sft"}}
-        envs.insert(0, {"id": "user_sim", "name": "warmup", "args": game, "group_size": args.group_size,
+        envs.insert(0, {"id": "user_sim", "name": "user_sim_warmup", "args": game, "group_size": args.group_size,
                         "roles": {"assistant": teacher}})
     return ExperimentConfig.model_validate({
         "model": {"name": args.model},
         "algo": {"type": "grpo"},
         "env": envs,
-        "phase": warmup_then_rl(args.warmup_steps, ["warmup"], ["dialogue"], args.warmup_lr),
+        "phase": warmup_then_rl(args.warmup_steps, ["user_sim_warmup"], ["user_sim"], args.warmup_lr),
         "trainer": {
             "output_dir": args.output_dir, "max_steps": args.steps, "learning_rate": args.lr,
             "lr_scheduler_type": "constant", "groups_per_step": args.groups_per_step, "seed": args.seed,
@@ -53,22 +53,23 @@ def experiment(args) -> ExperimentConfig:
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="tiny")
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    p.add_argument("--model", default="tiny", help="the policy: 'tiny', 'smollm2-135m', a Hub id or a folder")
     p.add_argument("--steps", type=int, default=300, help="training steps, warm-up included")
-    p.add_argument("--warmup-steps", type=int, default=60)
+    p.add_argument("--warmup-steps", type=int, default=60, help="sft steps imitating the hasty assistant (0: none)")
     p.add_argument("--patience", type=float, default=0.3, help="the warm-up teacher's chance to ask instead of book")
-    p.add_argument("--max-turns", type=int, default=6)
-    p.add_argument("--group-size", type=int, default=8)
-    p.add_argument("--groups-per-step", type=int, default=4)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--warmup-lr", type=float, default=3e-3)
-    p.add_argument("--eval-every", type=int, default=30)
+    p.add_argument("--max-turns", type=int, default=6, help="assistant turns per conversation")
+    p.add_argument("--group-size", type=int, default=8, help="conversations per scenario")
+    p.add_argument("--groups-per-step", type=int, default=4, help="scenarios per step")
+    p.add_argument("--lr", type=float, default=1e-3, help="learning rate of the RL phase")
+    p.add_argument("--warmup-lr", type=float, default=3e-3, help="learning rate of the warm-up")
+    p.add_argument("--eval-every", type=int, default=30, help="steps between held-out evaluations")
     p.add_argument("--per-persona", type=int, default=16, help="held-out scenarios per persona")
-    p.add_argument("--log-every", type=int, default=5)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--output-dir", default="outputs/user_sim")
-    p.add_argument("--report-to", nargs="*", default=[])
+    p.add_argument("--log-every", type=int, default=5, help="steps between log lines")
+    p.add_argument("--seed", type=int, default=0, help="seeds the run and the warm-up teacher")
+    p.add_argument("--output-dir", default="outputs/user_sim", help="where everything is written")
+    p.add_argument("--report-to", nargs="*", default=[], help="trackers, e.g. wandb or trackio")
+    add_hub_flags(p)
     args = p.parse_args(argv)
 
     evaluation = UserSimEvaluation(args.eval_every, args.warmup_steps, per_persona=args.per_persona,
@@ -88,7 +89,7 @@ def main(argv=None) -> dict:
     }
     title = f"assistant, seed {args.seed}"
     finish(trainer, summary, lambda path: plot_user_sim(points, args.warmup_steps, path, title), "user_sim.png",
-           interrupted)
+           interrupted, push_to_hub=args.push_to_hub, public=args.public)
     return summary
 
 

@@ -112,3 +112,166 @@ def test_filters_and_the_sft_format(kuhn_episodes):
     assert len(pc) == sum(sum(m["role"] == "assistant" for m in row["messages"]) for row in best)
     assert is_conversational(pc[0]) and pc[0]["completion"][0]["role"] == "assistant"
     assert pc[0]["prompt"] == sft[0]["messages"][:len(pc[0]["prompt"])]
+
+
+# -- loading errors, the schema version, layouts, filters that match nothing, shard roll-over -------------------
+
+
+def _one_shard(tmp_path, kuhn_episodes, **sink_args):
+    """A rank folder with the shard of one step; returns (traces folder, shard path)."""
+    sink = ParquetEpisodeSink(tmp_path / "traces", **sink_args)
+    sink.write(kuhn_episodes, 0)
+    (shard,) = (tmp_path / "traces" / "rank0").glob("*.parquet")
+    return tmp_path / "traces", shard
+
+
+def test_a_truncated_shard_is_named_with_the_fix(tmp_path, kuhn_episodes):
+    folder, shard = _one_shard(tmp_path, kuhn_episodes)
+    ParquetEpisodeSink(folder).write(kuhn_episodes, 1)
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])  # a copy cut short
+    with pytest.raises(ValueError) as err:
+        load_traces(folder)
+    message = str(err.value)
+    assert str(shard) in message and "truncated" in message and "move it" in message
+    assert len(message.splitlines()) <= 6
+
+
+def test_a_shard_of_another_schema_names_the_columns_that_differ(tmp_path, kuhn_episodes):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder, shard = _one_shard(tmp_path, kuhn_episodes)
+    table = pq.read_table(shard).drop_columns(["reward"])
+    table = table.set_column(table.schema.get_field_index("step"), "step", pa.array([str(s) for s in table["step"].to_pylist()]))
+    table = table.append_column("extra", pa.array([1] * len(table)))
+    pq.write_table(table, shard)
+    with pytest.raises(ValueError) as err:
+        load_traces(folder)
+    message = str(err.value)
+    assert str(shard) in message and "missing: reward" in message and "unexpected: extra" in message
+    assert "step (int64 expected, string found)" in message
+    assert len(message.splitlines()) <= 8  # not the ~170 lines of a cast error
+
+
+def test_the_schema_version_is_stored_in_every_shard_and_checked_on_load(tmp_path, kuhn_episodes):
+    import pyarrow.parquet as pq
+
+    from multiagent_rl.data.traces import SCHEMA_VERSION
+
+    folder, shard = _one_shard(tmp_path, kuhn_episodes)
+    metadata = pq.read_metadata(shard).metadata
+    assert metadata[b"multiagent_rl.schema_version"] == str(SCHEMA_VERSION).encode()
+    table = pq.read_table(shard)
+    pq.write_table(table.replace_schema_metadata({**table.schema.metadata, b"multiagent_rl.schema_version": b"999"}),
+                   shard)
+    with pytest.raises(ValueError, match=rf"schema version 999.*reads version {SCHEMA_VERSION}") as err:
+        load_traces(folder)
+    assert str(shard) in str(err.value)
+
+
+def test_shards_written_before_the_schema_had_a_version_still_load(tmp_path, kuhn_episodes):
+    """Version 1 shards (no version in their metadata, no env_id column) load, with env_id null."""
+    import pyarrow.parquet as pq
+
+    folder, shard = _one_shard(tmp_path, kuhn_episodes)
+    table = pq.read_table(shard).drop_columns(["env_id"])
+    pq.write_table(table.replace_schema_metadata({b"huggingface": table.schema.metadata[b"huggingface"]}), shard)
+    ParquetEpisodeSink(folder).write(kuhn_episodes, 1)  # a current shard beside it
+    both = load_traces(folder)
+    assert both.features == trace_features() and sorted(set(both["step"])) == [0, 1]
+    assert set(both["env_id"]) == {None}
+
+
+def test_a_single_shard_file_a_flat_folder_and_a_single_log_file_load(tmp_path, kuhn_episodes):
+    import shutil
+
+    folder, shard = _one_shard(tmp_path, kuhn_episodes)
+    ParquetEpisodeSink(folder).write(kuhn_episodes, 1)
+    per_step = sum(len(ep.traces) for ep in kuhn_episodes)
+    assert len(load_traces(shard)) == per_step
+    flat = tmp_path / "flat"
+    shutil.copytree(folder / "rank0", flat)
+    assert len(load_traces(flat)) == 2 * per_step
+    JsonlEpisodeSink(tmp_path / "episodes").write(kuhn_episodes, 3)
+    assert set(load_traces(tmp_path / "episodes" / "rank0.jsonl")["step"]) == {3}
+    with pytest.raises(FileNotFoundError, match="no such file or folder"):
+        load_traces(tmp_path / "missing")
+
+
+def test_a_filter_that_matches_nothing_warns_and_lists_what_is_there(caplog, kuhn_episodes):
+    ds = episodes_to_dataset([(0, ep) for ep in kuhn_episodes])
+    with caplog.at_level("WARNING"):
+        assert len(filter_traces(ds, env="kuhn_selfplay")) == 0
+    (record,) = [r for r in caplog.records if "no trace matches" in r.getMessage()]
+    assert "kuhn_poker" in record.getMessage() and "player_0" in record.getMessage()
+
+
+def test_rows_carry_the_env_id_and_filters_take_the_id_or_the_label(tmp_path, kuhn_episodes):
+    import copy
+
+    labelled = [copy.copy(ep) for ep in kuhn_episodes]
+    for ep in labelled:
+        ep.env = "kuhn_poker_warmup"
+    ids = {"kuhn_poker_warmup": "kuhn_poker"}
+    ParquetEpisodeSink(tmp_path / "traces", env_ids=ids).write(labelled, 0)
+    JsonlEpisodeSink(tmp_path / "episodes", env_ids=ids).write(labelled, 0)
+    for ds in (load_traces(tmp_path / "traces"), load_traces(tmp_path / "episodes"),
+               episodes_to_dataset([(0, ep) for ep in labelled], env_ids=ids)):
+        assert set(ds["env"]) == {"kuhn_poker_warmup"} and set(ds["env_id"]) == {"kuhn_poker"}
+        assert len(filter_traces(ds, env="kuhn_poker")) == len(filter_traces(ds, env="kuhn_poker_warmup")) == len(ds)
+    assert len(filter_traces(ds, model="tiny")) == len(ds) and len(filter_traces(ds, model="scripted")) == 0
+
+
+def _steps_of(folder) -> list[int]:
+    return sorted(load_traces(folder)["step"])
+
+
+def test_shards_roll_over_and_resuming_drops_exactly_the_later_steps(tmp_path, kuhn_episodes):
+    per_step = sum(len(ep.traces) for ep in kuhn_episodes)
+    folder = tmp_path / "traces"
+    sink = ParquetEpisodeSink(folder, steps_per_shard=3)
+    for step in range(8):
+        sink.write(kuhn_episodes, step)
+    names = sorted(p.name for p in (folder / "rank0").iterdir())
+    assert names == ["step-000006.parquet", "step-000007.parquet", "steps-000000-000002.parquet",
+                     "steps-000003-000005.parquet"]
+    assert _steps_of(folder) == [s for s in range(8) for _ in range(per_step)]
+    resumed = ParquetEpisodeSink(folder, steps_per_shard=3)  # a new process, resuming from the checkpoint of step 4
+    resumed.resume(4)
+    assert sorted(p.name for p in (folder / "rank0").iterdir()) == ["steps-000000-000002.parquet",
+                                                                    "steps-000003-000003.parquet"]
+    for step in range(4, 6):
+        resumed.write(kuhn_episodes, step)
+    assert _steps_of(folder) == [s for s in range(6) for _ in range(per_step)]
+    resumed.close()  # the last steps merged too
+    assert sorted(p.name for p in (folder / "rank0").iterdir()) == [
+        "steps-000000-000002.parquet", "steps-000003-000003.parquet", "steps-000004-000005.parquet"]
+    assert _steps_of(folder) == [s for s in range(6) for _ in range(per_step)]
+    resumed.write(kuhn_episodes, 6)
+    resumed.write(kuhn_episodes, 6)  # a second rollout in step 6 (several per optimizer step): kept, not overwritten
+    assert _steps_of(folder) == [s for s in range(7) for _ in range(per_step * (2 if s == 6 else 1))]
+
+
+def test_a_crash_while_rolling_over_leaves_no_torn_or_doubled_shard(tmp_path, kuhn_episodes, monkeypatch):
+    from pathlib import Path
+
+    per_step = sum(len(ep.traces) for ep in kuhn_episodes)
+    folder = tmp_path / "traces"
+    sink = ParquetEpisodeSink(folder, steps_per_shard=3)
+    sink.write(kuhn_episodes, 0)
+    sink.write(kuhn_episodes, 1)
+
+    def killed(self, *args, **kwargs):
+        raise KeyboardInterrupt("killed")
+
+    with monkeypatch.context() as patch:  # killed after the merged shard is in place, before the step files go
+        patch.setattr(Path, "unlink", killed)
+        with pytest.raises(KeyboardInterrupt):
+            sink.write(kuhn_episodes, 2)
+    (folder / "rank0" / ".steps-000003-000004.parquet.tmp").write_bytes(b"PAR1 torn")  # an earlier kill mid-write
+    assert len(list((folder / "rank0").glob("step-*.parquet"))) == 3
+    assert _steps_of(folder) == [s for s in range(3) for _ in range(per_step)]  # each step once
+    resumed = ParquetEpisodeSink(folder, steps_per_shard=3)
+    resumed.resume(2)
+    assert sorted(p.name for p in (folder / "rank0").iterdir()) == ["steps-000000-000001.parquet"]
+    assert _steps_of(folder) == [s for s in range(2) for _ in range(per_step)]

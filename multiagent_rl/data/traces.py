@@ -4,33 +4,35 @@ The schema ([`trace_features`][multiagent_rl.data.traces.trace_features]) is fix
 and environments load and concatenate together. Free-form mappings (metrics, info) are JSON-encoded strings; everything
 per token is a flat list aligned with ``token_ids``:
 
-================  =====================================================================================
-column            meaning
-================  =====================================================================================
-run               the run's name (``output_dir``'s folder name unless given)
-step              the training step that played the episode
-episode, group    the episode's id and its task group's id; ``trace_index``: the trace's place in it
-env, role, model  the environment's label, the seat, the model that played it (``policy`` = trained one)
-trainable         whether the trace was trained on; ``algorithm``: the algorithm that scored it (or null)
-episode_ok        False for a failed episode (its ``episode_errors`` say why; never trained on)
-task              the task: prompt, system_prompt, answer, id, info (JSON), sampling (JSON)
-messages          the conversation as the seat saw it (``role``, ``content``)
-token_ids         every token of the trace, in order
-token_kinds       per token: ``prompt``, ``action`` or ``observation``
-logprobs          per token: the sampling log-probability (null where not sampled)
-allowed           per token: the ids a constrained choice allowed (null: unconstrained)
-segments          per segment: kind, length, temperature, has_logprobs, has_allowed (for the exact round trip)
-rewards, reward   the named reward records (name, value, weight) and their weighted sum
-advantage_mean    mean advantage over the action tokens (null when the trace was not scored); ``_min``, ``_max``
-streams           the per-token loss streams (advantages, ce_weights, ref_kl_weights, ref_logprobs)
-metrics, info     JSON-encoded mappings; ``error``, ``last_reply``, ``token_exact`` as on the trace
-================  =====================================================================================
+| column | meaning |
+|---|---|
+| run | the run's name (``output_dir``'s folder name unless given) |
+| step | the training step that played the episode |
+| episode, group | the episode's id and its task group's id; ``trace_index``: the trace's place in it |
+| env, env_id | the label of the config's env entry (``kuhn_poker_warmup``) and the environment's id (``kuhn_poker``; null where the writer was not told it) |
+| role, model | the seat, the model that played it (``policy`` = the trained one, ``scripted``, a teacher's id) |
+| trainable | whether the trace was trained on; ``algorithm``: the algorithm that scored it (or null) |
+| episode_ok | False for a failed episode (its ``episode_errors`` say why; never trained on) |
+| task | the task: prompt, system_prompt, answer, id, info (JSON), sampling (JSON) |
+| messages | the conversation as the seat saw it (``role``, ``content``) |
+| token_ids | every token of the trace, in order |
+| token_kinds | per token: ``prompt``, ``action`` or ``observation`` |
+| logprobs | per token: the sampling log-probability (null where not sampled) |
+| allowed | per token: the ids a constrained choice allowed (null: unconstrained) |
+| segments | per segment: kind, length, temperature, has_logprobs, has_allowed (for the exact round trip) |
+| rewards, reward | the named reward records (name, value, weight) and their weighted sum |
+| advantage_mean | mean advantage over the action tokens (null when the trace was not scored); ``_min``, ``_max`` |
+| streams | the per-token loss streams (advantages, ce_weights, ref_kl_weights, ref_logprobs) |
+| metrics, info | JSON-encoded mappings; ``error``, ``last_reply``, ``token_exact`` as on the trace |
 
 [`episodes_to_dataset`][multiagent_rl.data.traces.episodes_to_dataset] and
 [`dataset_to_episodes`][multiagent_rl.data.traces.dataset_to_episodes] are exact inverses (a test checks it).
-[`ParquetEpisodeSink`][multiagent_rl.data.traces.ParquetEpisodeSink] writes one zstd-compressed Parquet shard per step
-and rank (``output_dir/traces/rank{r}/step-{step:06d}.parquet``);
-[`load_traces`][multiagent_rl.data.traces.load_traces] reads any number of runs.
+[`ParquetEpisodeSink`][multiagent_rl.data.traces.ParquetEpisodeSink] writes each step's traces as a zstd-compressed
+Parquet file, ``output_dir/traces/rank{r}/step-{step:06d}.parquet``, and merges every 100 of them into one shard,
+``steps-{first:06d}-{last:06d}.parquet`` ([`ParquetShards`][multiagent_rl.data.sinks.ParquetShards]); every file
+carries the schema version ([`SCHEMA_VERSION`][multiagent_rl.data.traces.SCHEMA_VERSION]) in its Parquet metadata.
+[`load_traces`][multiagent_rl.data.traces.load_traces] reads any number of runs, a flat folder of shards or one
+shard file, and names the file and the columns when one is not a trace shard of this version.
 """
 
 from __future__ import annotations
@@ -39,17 +41,20 @@ import json
 import logging
 import os
 import re
-import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable
 
 from ..episodes.episode import Episode
-from ..episodes.records import episode_record, number, task_from_record, trace_from_record
+from ..episodes.records import episode_from_record, episode_record, number, task_from_record, trace_from_record
 from ..episodes.trace import Trace
+from .sinks import SOURCE_KEY, VERSION_KEY, ParquetShards, ShardError, ShardInfo, live_shards, read_records, shard_info
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""The trace schema's version, stored in every shard's Parquet metadata and checked on load. 2 added ``env_id``;
+version 1 shards (written before shards carried a version) still load, with ``env_id`` null."""
 logger = logging.getLogger(__name__)
+_RANK_FOLDER = re.compile(r"rank\d+")  # a sink's folder; rank0.<time>/ is an earlier run's, moved aside
 
 
 def trace_features():
@@ -60,7 +65,7 @@ def trace_features():
 
     text, f64, i64, flag, streams, task = feature_parts()
     return Features({
-        "run": text, "step": i64, "episode": text, "group": text, "trace_index": i64, "env": text,
+        "run": text, "step": i64, "episode": text, "group": text, "trace_index": i64, "env": text, "env_id": text,
         "episode_ok": flag, "episode_errors": List(text), "episode_info": text, "task": task,
         "role": text, "model": text, "trainable": flag, "algorithm": text,
         "messages": List({"role": text, "content": text}),
@@ -78,10 +83,10 @@ _TRACE_FIELDS = ("role", "model", "trainable", "messages", "rewards", "reward", 
                  "last_reply", "token_exact")
 
 
-def trace_rows(episode: Episode, step: int, run: str = "") -> list[dict[str, Any]]:
+def trace_rows(episode: Episode, step: int, run: str = "", env_id: str | None = None) -> list[dict[str, Any]]:
     """The rows of one episode, one per trace: its record ([`episode_record`][multiagent_rl.episodes.records.episode_record])
     flattened."""
-    episode_rec = episode_record(episode, step)
+    episode_rec = episode_record(episode, step, env_id)
     rows = []
     for index, (trace, record) in enumerate(zip(episode.traces, episode_rec["traces"])):
         streams = trace.streams
@@ -91,7 +96,7 @@ def trace_rows(episode: Episode, step: int, run: str = "") -> list[dict[str, Any
             action_adv = []
         rows.append({
             "run": run, "step": step, "episode": episode.id, "group": episode.group, "trace_index": index,
-            "env": episode.env, "episode_ok": episode.ok, "episode_errors": episode_rec["errors"],
+            "env": episode.env, "env_id": env_id, "episode_ok": episode.ok, "episode_errors": episode_rec["errors"],
             "episode_info": episode_rec["info"], "task": episode_rec["task"],
             **{key: record[key] for key in _TRACE_FIELDS},
             "algorithm": streams.algorithm if streams is not None else None,
@@ -108,11 +113,12 @@ def trace_rows(episode: Episode, step: int, run: str = "") -> list[dict[str, Any
     return rows
 
 
-def episodes_to_dataset(episodes: Iterable[tuple[int, Episode]], run: str = ""):
-    """``(step, episode)`` pairs as a trace dataset (an episode without traces contributes no row)."""
+def episodes_to_dataset(episodes: Iterable[tuple[int, Episode]], run: str = "", env_ids: dict[str, str] | None = None):
+    """``(step, episode)`` pairs as a trace dataset (an episode without traces contributes no row); ``env_ids`` maps
+    env labels to env ids ([`env_ids`][multiagent_rl.data.traces.env_ids])."""
     import datasets
 
-    rows = [row for step, ep in episodes for row in trace_rows(ep, step, run)]
+    rows = [row for step, ep in episodes for row in trace_rows(ep, step, run, (env_ids or {}).get(ep.env))]
     return datasets.Dataset.from_list(rows, features=trace_features())
 
 
@@ -152,78 +158,174 @@ def dataset_to_episodes(dataset) -> list[tuple[int, Episode]]:
 
 
 class ParquetEpisodeSink:
-    """Each step's traces as one zstd-compressed Parquet shard, ``folder/rank{rank}/step-{step:06d}.parquet``.
+    """Each step's traces as a zstd-compressed Parquet file in ``folder/rank{rank}/``, merged into one shard every
+    ``steps_per_shard`` steps (or ``max_shard_bytes``): [`ParquetShards`][multiagent_rl.data.sinks.ParquetShards].
 
-    A shard is written whole (to a temporary name, then renamed), so a crash never leaves a torn one; resuming
-    at step k deletes the shards of steps >= k, so each episode is kept exactly once. A fresh run (step 0) in a
-    folder that holds an earlier run's shards moves them aside (``rank0.<time>/``), never deletes them.
+    Every file is written whole (to a temporary name, then renamed), so a crash never leaves a torn one; resuming at
+    step k drops exactly the rows of steps >= k, so each episode is kept once. A fresh run (step 0) in a folder that
+    holds an earlier run's shards moves them aside (``rank0.<time>/``), never deletes them. ``env_ids`` (env label →
+    env id, [`env_ids`][multiagent_rl.data.traces.env_ids]) fills the rows' ``env_id``.
     """
 
-    def __init__(self, folder: str | os.PathLike, rank: int = 0, run: str = ""):
+    def __init__(self, folder: str | os.PathLike, rank: int = 0, run: str = "", env_ids: dict[str, str] | None = None,
+                 steps_per_shard: int = 100, max_shard_bytes: int = 128 << 20):
         self.folder = Path(folder) / f"rank{rank}"
-        self.run = run
+        self.run, self.env_ids = run, dict(env_ids or {})
+        metadata = {VERSION_KEY: str(SCHEMA_VERSION).encode(), SOURCE_KEY: f"{run}/rank{rank}".encode()}
+        self.shards = ParquetShards(self.folder, metadata, steps_per_shard, max_shard_bytes)
         self.folder.mkdir(parents=True, exist_ok=True)
 
     def write(self, episodes: list[Episode], step: int) -> None:
+        """Keep the traces of ``step``'s episodes (a step without traces writes nothing)."""
         import pyarrow as pa
-        import pyarrow.parquet as pq
 
-        rows = [row for ep in episodes for row in trace_rows(ep, step, self.run)]
-        if not rows:
-            return
-        table = pa.Table.from_pylist(rows, schema=trace_features().arrow_schema)
-        path = self.folder / f"step-{step:06d}.parquet"
-        tmp = path.with_suffix(".tmp")
-        pq.write_table(table, tmp, compression="zstd")
-        os.replace(tmp, path)
+        rows = [row for ep in episodes for row in trace_rows(ep, step, self.run, self.env_ids.get(ep.env))]
+        if rows:
+            self.shards.write(pa.Table.from_pylist(rows, schema=trace_features().arrow_schema), step)
 
     def resume(self, step: int) -> None:
-        if step == 0 and any(self.folder.glob("step-*.parquet")):
-            aside = self.folder.with_name(f"{self.folder.name}.{time.strftime('%Y%m%d-%H%M%S')}")
-            os.replace(self.folder, aside)
-            logger.warning("%s held traces of an earlier run: moved to %s", self.folder, aside)
-            self.folder.mkdir(parents=True, exist_ok=True)
-            return
-        for shard in self.folder.glob("step-*.parquet"):
-            if int(shard.stem.split("-")[1]) >= step:
-                shard.unlink()
+        """The run restarts at ``step``: keep exactly the rows of earlier steps (0: a fresh run, see above)."""
+        self.shards.resume(step)
+
+    def close(self) -> None:
+        """Merge the last steps' files into one shard (a run that ends without it leaves them as they are)."""
+        self.shards.close()
+
+
+def env_ids(experiment) -> dict[str, str]:
+    """Env id per env label of an experiment (``{"kuhn_poker_warmup": "kuhn_poker", ...}``): what the sinks record
+    as ``env_id``, so traces can be filtered by the env's id as well as by the entry's label."""
+    from ..config import env_labels
+
+    return {label: spec.id for label, spec in zip(env_labels(experiment), experiment.env)}
+
+
+def _files(root: Path) -> tuple[list[Path], list[Path]]:
+    """The trace shards and the episode logs ``root`` names: itself (a file), the shards directly in it (a flat
+    folder) or in ``rank{r}/`` folders below it (runs), else the ``rank{r}.jsonl`` logs below it."""
+    if root.is_file():
+        if root.suffix not in (".parquet", ".jsonl"):
+            raise ValueError(f"{root}: neither a trace shard (.parquet) nor an episode log (.jsonl)")
+        return ([root], []) if root.suffix == ".parquet" else ([], [root])
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root}: no such file or folder")
+    shards = {p for p in root.glob("*.parquet")} | {p for p in root.rglob("*.parquet")
+                                                    if _RANK_FOLDER.fullmatch(p.parent.name)}
+    logs = [p for p in root.rglob("rank*.jsonl") if re.fullmatch(r"rank\d+\.jsonl", p.name)]
+    if not shards and not logs:
+        raise FileNotFoundError(f"no trace shards (*.parquet, in {root} itself or in rank*/ folders below it) or "
+                                f"episode logs (rank*.jsonl) under {root}: give a run's traces/ or episodes/ folder, "
+                                "a folder of shards, or one file")
+    return sorted(p for p in shards if not p.name.startswith(".")), sorted(logs)
+
+
+def _schema_diff(found, expected) -> str:
+    """What differs between two Arrow schemas, in one line ("" if nothing)."""
+    missing = [n for n in expected.names if n not in found.names]
+    extra = [n for n in found.names if n not in expected.names]
+    retyped = [f"{n} ({str(expected.field(n).type)[:60]} expected, {str(found.field(n).type)[:60]} found)"
+               for n in expected.names if n in found.names and found.field(n).type != expected.field(n).type]
+    parts = [("missing: ", missing), ("unexpected: ", extra), ("of another type: ", retyped)]
+    return "; ".join(label + ", ".join(names) for label, names in parts if names)
+
+
+def _is_legacy(info: ShardInfo) -> bool:
+    """Check a shard against the schema: False for a current one, True for a version 1 one (no ``env_id``);
+    anything else is a ``ShardError`` naming the file and what differs."""
+    if info.version is not None and info.version != SCHEMA_VERSION:
+        raise ShardError(f"{info.path}: written with trace schema version {info.version}; this multiagent_rl reads "
+                         f"version {SCHEMA_VERSION} (and version 1).\nFix: load it with the multiagent_rl release that "
+                         "wrote it, or move it out of the folder.")
+    current = trace_features().arrow_schema
+    diff = _schema_diff(info.schema, current)
+    if not diff:
+        return False
+    if info.version is None and not _schema_diff(info.schema, _legacy_features().arrow_schema):
+        return True
+    raise ShardError(f"{info.path}: not a trace shard of schema version {SCHEMA_VERSION}: {diff}.\nFix: move it out "
+                     "of the folder; another dataset in Parquet loads with datasets.load_dataset('parquet', ...).")
+
+
+def _legacy_features():
+    features = trace_features()
+    del features["env_id"]
+    return features
+
+
+def _load_parquet(files: list[Path], features):
+    """``datasets``' Parquet loader, with the file that fails named (its own error names it only in a log line)."""
+    import datasets
+    import pyarrow.parquet as pq
+
+    try:
+        return datasets.load_dataset("parquet", data_files=[str(f) for f in files], features=features, split="train")
+    except datasets.exceptions.DatasetGenerationError as exc:
+        for f in files:
+            try:
+                pq.read_table(f)
+            except Exception as bad:  # noqa: BLE001 - any reader error: the file is what the user needs to know
+                raise ShardError(f"{f}: unreadable ({str(bad).splitlines()[0]}).\nFix: move it out of the folder "
+                                 "(or delete it) and load again.") from exc
+        raise
 
 
 def load_traces(folders: str | os.PathLike | list[str | os.PathLike]):
-    """The trace shards under one or several folders (a run's ``traces/``, or any parent) as one dataset. A folder
-    with only JSON-lines episode logs (``episode_format = "jsonl"``, ``rank*.jsonl``) is converted on the way."""
+    """The traces of one or several runs as one dataset: a run's ``traces/`` (or any parent of runs), a flat folder
+    of shards, a single shard file. A folder with only JSON-lines episode logs (``episode_format = "jsonl"``,
+    ``rank*.jsonl``), or one such log, is converted on the way. A file that is not a trace shard of this schema
+    version is an error that names it and what differs; shards of version 1 load with ``env_id`` null."""
     import datasets
 
-    from .sinks import read_episodes
-
-    roots = [Path(f) for f in ([folders] if isinstance(folders, (str, os.PathLike)) else folders)]
     parts = []
-    for root in roots:
-        # rank{r}/ folders only: an earlier run's shards moved aside (rank0.<time>/) are not this run's
-        shards = sorted(str(p) for p in root.rglob("step-*.parquet") if re.fullmatch(r"rank\d+", p.parent.name))
+    for root in [Path(f) for f in ([folders] if isinstance(folders, (str, os.PathLike)) else folders)]:
+        shards, logs = _files(root)
         if shards:
-            parts.append(datasets.load_dataset("parquet", data_files=shards, features=trace_features(), split="train"))
+            infos = live_shards([shard_info(f) for f in shards])
+            legacy = {i.path for i in infos if _is_legacy(i)}
+            current = [i.path for i in infos if i.path not in legacy]
+            if current:
+                parts.append(_load_parquet(current, trace_features()))
+            if legacy:
+                old = _load_parquet(sorted(legacy), _legacy_features())
+                parts.append(old.add_column("env_id", [None] * len(old)).cast(trace_features()))
             continue
-        logs = sorted(p for p in root.rglob("rank*.jsonl") if re.fullmatch(r"rank\d+\.jsonl", p.name))
-        if not logs:
-            raise FileNotFoundError(f"no trace shards (step-*.parquet) or episode logs (rank*.jsonl) under {root}")
-        run = (root.parent if root.name in ("episodes", "traces") else root).name
-        parts.append(episodes_to_dataset([pair for log in logs for pair in read_episodes(log)], run=run))
+        base = root.parent if root.is_file() else root
+        run = (base.parent if base.name in ("episodes", "traces") else base).name
+        rows = [row for log in logs for d in read_records(log)
+                for row in trace_rows(episode_from_record(d), d["step"], run, d.get("env_id"))]
+        parts.append(datasets.Dataset.from_list(rows, features=trace_features()))
     return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
 
 
 def filter_traces(dataset, *, env: str | list[str] | None = None, role: str | list[str] | None = None,
-                  min_reward: float | None = None, steps: tuple[int, int] | None = None, ok_only: bool = True):
-    """The rows of ``dataset`` that match every given filter (``steps`` is an inclusive range)."""
-    envs = {env} if isinstance(env, str) else set(env or ())
-    roles = {role} if isinstance(role, str) else set(role or ())
+                  model: str | list[str] | None = None, min_reward: float | None = None,
+                  steps: tuple[int, int] | None = None, ok_only: bool = True):
+    """The rows of ``dataset`` that match every given filter: ``env`` an env label or id, ``role`` a seat,
+    ``model`` who played it (``"policy"``: the trained model), ``steps`` an inclusive range. Matching nothing is
+    warned about, with the envs, roles and models the dataset has."""
+    def wanted(x):
+        return {x} if isinstance(x, str) else set(x or ())
 
-    def keep(row) -> bool:
-        return ((not envs or row["env"] in envs) and (not roles or row["role"] in roles)
-                and (min_reward is None or (row["reward"] is not None and row["reward"] >= min_reward))
-                and (steps is None or steps[0] <= row["step"] <= steps[1]) and (not ok_only or row["episode_ok"]))
+    envs, roles, models = wanted(env), wanted(role), wanted(model)
+    columns = ["env", "role", "model", "reward", "step", "episode_ok"]
+    has_id = "env_id" in dataset.column_names  # datasets pushed before the schema had it have none
 
-    return dataset.filter(keep)
+    def keep(envs_, roles_, models_, rewards, steps_, oks, ids=None):
+        ids = ids or [None] * len(envs_)
+        return [(not envs or e in envs or i in envs) and (not roles or r in roles) and (not models or m in models)
+                and (min_reward is None or (w is not None and w >= min_reward))
+                and (steps is None or steps[0] <= s <= steps[1]) and (not ok_only or ok)
+                for e, r, m, w, s, ok, i in zip(envs_, roles_, models_, rewards, steps_, oks, ids)]
+
+    kept = dataset.filter(keep, input_columns=columns + (["env_id"] if has_id else []), batched=True)
+    if len(kept) == 0 and len(dataset):
+        ids = sorted({i for i in dataset["env_id"] if i}) if has_id else []
+        logger.warning("no trace matches env=%s role=%s model=%s min_reward=%s steps=%s%s: the dataset has envs %s%s, "
+                       "roles %s, models %s, steps %d to %d", env, role, model, min_reward, steps,
+                       " (ok episodes only)" if ok_only else "", sorted(set(dataset["env"])),
+                       f" (ids {ids})" if ids else "", sorted(set(dataset["role"])), sorted(set(dataset["model"])),
+                       min(dataset["step"]), max(dataset["step"]))
+    return kept
 
 
 def to_sft_prompt_completion(dataset):
@@ -251,14 +353,23 @@ def to_sft_messages(dataset, include_system: bool = True):
     return dataset.map(convert, remove_columns=dataset.column_names)
 
 
-def episode_sink(output_dir: str | None, episode_format: str, rank: int):
+def schema_table() -> str:
+    """The schema table of this module's docstring as plain Markdown (code in single backticks, no cross-reference
+    brackets): for pages that are not the API reference, like a dataset card on the Hub."""
+    table = "\n".join(line for line in __doc__.splitlines() if line.startswith("|"))
+    return re.sub(r"\[([^\]]+)\]\[[\w.]*\]", r"\1", table).replace("``", "`")
+
+
+def episode_sink(output_dir: str | None, episode_format: str, rank: int, experiment=None):
     """Where a run's played episodes go: Parquet trace shards in ``output_dir/traces/`` (``"parquet"``) or JSON lines
-    in ``output_dir/episodes/`` (``"jsonl"``); None without an output folder."""
+    in ``output_dir/episodes/`` (``"jsonl"``); None without an output folder. With the ``experiment``, the records
+    carry each episode's env id beside its label."""
     if not output_dir:
         return None
+    ids = env_ids(experiment) if experiment is not None else None
     if episode_format == "jsonl":
         from .sinks import JsonlEpisodeSink
 
-        return JsonlEpisodeSink(os.path.join(output_dir, "episodes"), rank)
+        return JsonlEpisodeSink(os.path.join(output_dir, "episodes"), rank, env_ids=ids)
     return ParquetEpisodeSink(os.path.join(output_dir, "traces"), rank,
-                              run=os.path.basename(os.path.normpath(output_dir)))
+                              run=os.path.basename(os.path.normpath(output_dir)), env_ids=ids)

@@ -118,13 +118,16 @@ def trace_from_record(d: dict[str, Any]) -> Trace:
     )
 
 
-def episode_record(episode: Episode, step: int | None = None) -> dict[str, Any]:
-    """An episode's record, tagged with the training step that played it (None outside training)."""
+def episode_record(episode: Episode, step: int | None = None, env_id: str | None = None) -> dict[str, Any]:
+    """An episode's record, tagged with the training step that played it (None outside training) and the id of its
+    environment (``env_id``, e.g. ``kuhn_poker``; None when the writer does not know it): ``env`` is the label of the
+    config's env entry (``kuhn_poker_warmup``), which names the entry, not the game."""
     return {
         "step": step,
         "id": episode.id,
         "group": episode.group,
         "env": episode.env,
+        "env_id": env_id,
         "ok": episode.ok,
         "errors": list(episode.errors),
         "info": json_text(episode.info),
@@ -134,7 +137,8 @@ def episode_record(episode: Episode, step: int | None = None) -> dict[str, Any]:
 
 
 def episode_from_record(d: dict[str, Any]) -> Episode:
-    """The inverse of [`episode_record`][multiagent_rl.episodes.records.episode_record] (the step is ``d["step"]``)."""
+    """The inverse of [`episode_record`][multiagent_rl.episodes.records.episode_record] (the step is ``d["step"]``,
+    the env id ``d.get("env_id")``: an ``Episode`` knows only its label)."""
     return Episode(
         id=d["id"], task=task_from_record(d["task"]), group=d["group"], env=d["env"],
         traces=[trace_from_record(x) for x in d["traces"]], errors=list(d["errors"]), ok=d["ok"],
@@ -165,5 +169,5 @@ def record_features():
         "reward": f64, "metrics": text, "info": text, "error": text, "last_reply": text,
         "token_exact": flag, "streams": streams,
     }
-    return Features({"step": Value("int64"), "id": text, "group": text, "env": text, "ok": flag,
+    return Features({"step": Value("int64"), "id": text, "group": text, "env": text, "env_id": text, "ok": flag,
                      "errors": List(text), "info": text, "task": task, "traces": List(trace)})
