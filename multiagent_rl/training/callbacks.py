@@ -7,7 +7,7 @@ weights
 [`ConsolePrinterCallback`][multiagent_rl.training.callbacks.ConsolePrinterCallback] print one readable line per
   logging step instead of transformers' whole log dict (the full metrics still go to the loggers)::
 
-      step 20/500  episodes 5,120  reward kuhn_selfplay player_0 -0.06 player_1 +0.06  loss rl -0.0031  eval exploitability 0.231
+      step 20/500  episodes 5,120  reward kuhn_poker player_0 -0.06 player_1 +0.06  loss rl -0.0031  eval exploitability 0.231
 
 - [`PhaseLearningRate`][multiagent_rl.training.callbacks.PhaseLearningRate] sets the learning rate for given step ranges (e.g. an
 sft warm-up
@@ -150,7 +150,8 @@ class FreshOptimizerState(TrainerCallback):
 
 
 def console_line(logs: dict, step: int, max_steps: int) -> str:
-    """The one line printed for a log dict."""
+    """The one line printed for a log dict (with a non-exact sampler such as vLLM, its importance ratio's mean,
+    [min, max], clipped share and largest log-prob gap to the trainer)."""
     parts = [f"step {step}/{max_steps}"]
     if "episodes" in logs:
         parts.append(f"episodes {int(logs['episodes']):,}")
@@ -171,6 +172,16 @@ def console_line(logs: dict, step: int, max_steps: int) -> str:
         parts.append("loss " + " ".join(losses))
     if logs.get("health/skipped_steps"):
         parts.append(f"skipped steps {logs['health/skipped_steps']:g}")
+    ratio = {k.rsplit("/", 1)[1]: v for k, v in logs.items() if k.startswith("sampling/importance_sampling_ratio/")}
+    if isinstance(ratio.get("mean"), (int, float)):  # logged when a non-exact sampler (vLLM) sampled this step
+        sampler = f"sampler ratio {ratio['mean']:.4g}"
+        if isinstance(ratio.get("min"), (int, float)) and isinstance(ratio.get("max"), (int, float)):
+            sampler += f" [{ratio['min']:.4g}, {ratio['max']:.4g}]"
+        if ratio.get("clipped"):
+            sampler += f" clipped {ratio['clipped']:.1%}"
+        if isinstance(logs.get("sampling/sampling_logp_difference/max"), (int, float)):
+            sampler += f" logp gap max {logs['sampling/sampling_logp_difference/max']:.2g}"
+        parts.append(sampler)
     evals = [f"{k.split('/')[-1]} {v:.3g}" for k, v in logs.items()
              if k.startswith("eval/") and isinstance(v, (int, float))]
     if evals:

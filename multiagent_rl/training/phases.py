@@ -16,12 +16,12 @@ class PhaseConfig(BaseModel):
     [[phase]]                   # an sft warm-up imitating a scripted player
     name = "warmup"
     steps = 100
-    envs = ["kuhn_warmup"]
+    envs = ["kuhn_poker_warmup"]
     learning_rate = 3e-3
 
     [[phase]]                   # then self-play RL until [trainer] max_steps, with a fresh Adam
     name = "selfplay"
-    envs = ["kuhn_selfplay"]
+    envs = ["kuhn_poker"]
     fresh_optimizer = true
     ```
     """
@@ -90,7 +90,7 @@ def warmup_then_rl(warmup_steps: int, warmup: list[str], rl: list[str], warmup_l
     followed by RL (``rl`` entries until the end, with a fresh optimizer state if asked); none without a warm-up.
 
     ```pycon
-    >>> [p["name"] for p in warmup_then_rl(100, ["kuhn_warmup"], ["kuhn_selfplay"], 3e-3)]
+    >>> [p["name"] for p in warmup_then_rl(100, ["kuhn_poker_warmup"], ["kuhn_poker"], 3e-3)]
     ['warmup', 'rl']
 
     ```

@@ -98,7 +98,7 @@ class MixedAlgorithmTrainer(PublishingMixin, GRPOTrainer):
             groups_per_step=args.groups_per_step, max_concurrency=args.max_concurrency,
             sampling=SamplingParams(temperature=args.temperature, top_p=args.top_p,
                                     max_new_tokens=args.max_completion_length),
-            sink=episode_sink(args.output_dir, args.episode_format, rank) if args.save_episodes else None,
+            sink=episode_sink(args.output_dir, args.episode_format, rank, experiment) if args.save_episodes else None,
             health=RunHealth(args.max_failed_steps, args.max_skipped_steps),
         )
         self.health = self.rollout.health
