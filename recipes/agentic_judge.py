@@ -1,6 +1,6 @@
 """Agentic judge: a tiny solver learns from a judge that runs code in a sandbox, or from the unit tests alone.
 
-    python recipes/agentic_judge.py                    # reward = the judge's verdict (tiny model, CPU, ~5 min)
+    python recipes/agentic_judge.py                    # reward = the judge's verdict (tiny model, CPU)
     python recipes/agentic_judge.py --reward tests     # the baseline: reward = share of unit tests passed
     python recipes/agentic_judge.py --solver hostile --steps 4   # attacks instead of code: does everything hold?
 
@@ -36,7 +36,8 @@ import sys
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 from multiagent_rl.config import ExperimentConfig  # noqa: E402
-from multiagent_rl.training.run import HelpFormatter, add_hub_flags, finish, train  # noqa: E402
+from multiagent_rl.training.run import (HelpFormatter, add_hub_flags, add_lora_flag, finish,  # noqa: E402
+                                        lora_config, train)
 from multiagent_rl.training.trainer import MixedAlgorithmTrainer  # noqa: E402
 
 METRICS = ("judged_pass", "correct", "fooled_tests", "tests_pass", "judge_score", "tests")
@@ -52,7 +53,7 @@ def experiment(args) -> ExperimentConfig:
     else:
         judge = {"model": args.judge_model, "sampling": {"temperature": 0.0, "max_new_tokens": 1024}}
     return ExperimentConfig.model_validate({
-        "model": {"name": args.model},
+        "model": {"name": args.model, "lora": lora_config(args.lora)},
         "algo": {"type": "grpo"},
         "env": [{"id": "agentic_judge", "args": {"solver_mode": "choose", **weights}, "group_size": args.group_size,
                  "roles": {"judge": {**judge, "trainable": False}}}],
@@ -72,7 +73,7 @@ def hostile_experiment(args, weights: dict) -> ExperimentConfig:
     env_args = {"solver_mode": "write", **weights, "solver_tokens": 8192, "call_timeout": 1.0,
                 "sandbox": {"timeout": 4, "cpu_seconds": 2, "memory_mb": 512, "max_processes": 16}}
     return ExperimentConfig.model_validate({
-        "model": {"name": args.model},
+        "model": {"name": args.model, "lora": lora_config(args.lora)},
         "algo": {"type": "grpo"},
         "env": [{"id": "agentic_judge", "args": env_args, "group_size": args.group_size,
                  "roles": {"solver": {"model": "scripted", "policy": "multiagent_rl.envs.agentic_judge:hostile_solver",
@@ -185,6 +186,7 @@ def main(argv=None) -> dict:
     p.add_argument("--output-dir", default="outputs/agentic_judge", help="where everything is written")
     p.add_argument("--report-to", nargs="*", default=[], help="trackers, e.g. wandb or trackio")
     add_hub_flags(p)
+    add_lora_flag(p)
     args = p.parse_args(argv)
 
     trainer = MixedAlgorithmTrainer(experiment(args))

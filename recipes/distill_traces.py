@@ -1,7 +1,7 @@
 """Rejection-sampling fine-tuning: distil a run's best traces into a fresh model with TRL's SFTTrainer.
 
     python recipes/user_sim.py --output-dir outputs/user_sim          # a run to distil (any run with traces)
-    python recipes/distill_traces.py --traces outputs/user_sim/traces --steps 150 300   # ~4 minutes on 2 cores
+    python recipes/distill_traces.py --traces outputs/user_sim/traces --steps 150 300
 
     python recipes/kuhn_poker.py --output-dir outputs/kuhn_poker     # or a Kuhn poker self-play run
     python recipes/distill_traces.py --eval kuhn_poker --traces outputs/kuhn_poker/traces --env kuhn_poker \

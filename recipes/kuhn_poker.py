@@ -1,6 +1,6 @@
 """Kuhn poker self-play, measured exactly.
 
-    python recipes/kuhn_poker.py                       # tiny model, CPU, ~11 minutes on 2 cores
+    python recipes/kuhn_poker.py                       # tiny model, CPU (wall time: docs/kuhn_poker_results.md)
     python recipes/kuhn_poker.py --resume              # continue from the latest checkpoint in --output-dir
     accelerate launch recipes/kuhn_poker.py --model Qwen/Qwen2.5-0.5B-Instruct
 
@@ -47,7 +47,8 @@ from multiagent_rl.envs.kuhn_poker.exploitability import evaluation_report  # no
 from multiagent_rl.envs.kuhn_poker import random_mixed_table  # noqa: E402
 from multiagent_rl.envs.kuhn_poker.evaluation import (KuhnEvaluation, WarmupCheck, plot_exploitability,  # noqa: E402
                                                         read_policy)
-from multiagent_rl.training.run import add_hub_flags, close_episode_log, publish, results_table  # noqa: E402
+from multiagent_rl.training.run import (add_hub_flags, add_lora_flag, close_episode_log, lora_config,  # noqa: E402
+                                        publish, results_table)
 from multiagent_rl.training.trainer import MixedAlgorithmTrainer, TrainingInterrupted  # noqa: E402
 
 WARMUP_POLICY = "multiagent_rl.envs.kuhn_poker:random_mixed_policy"
@@ -98,7 +99,7 @@ def experiment(args) -> ExperimentConfig:
                              "every": args.magnet_every})
     return ExperimentConfig.model_validate({
         "algo": _algo(args.algo),
-        "model": {"name": args.model, "backend": args.backend,
+        "model": {"name": args.model, "backend": args.backend, "lora": lora_config(args.lora),
                   "vllm": {"mode": args.vllm_mode, **({"base_url": args.vllm_url} if args.vllm_url else {})}},
         "env": envs,
         "phase": phases,
@@ -202,6 +203,7 @@ def parse(argv=None) -> tuple[argparse.Namespace, set[str]]:
     p.add_argument("--seed", type=int, help="default 0")
     p.add_argument("--report-to", nargs="*", help="trackers, e.g. wandb (WANDB_MODE=offline) or trackio")
     add_hub_flags(p)
+    add_lora_flag(p)
     args = p.parse_args(argv)
     given = {k for k, v in vars(args).items() if v is not None and k in DEFAULTS or (k == "free_text" and v)}
     for key, value in DEFAULTS.items():

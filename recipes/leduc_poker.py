@@ -1,6 +1,6 @@
 """Leduc poker self-play on the tiny model, with exact exploitability through OpenSpiel.
 
-    python recipes/leduc_poker.py                     # tiny model, CPU, ~15 minutes on 2 cores
+    python recipes/leduc_poker.py                     # tiny model, CPU (wall time: docs/leduc_poker.md)
     python recipes/leduc_poker.py --steps 1200        # a longer run
 
 As the Kuhn recipe: an ``sft`` warm-up imitating a random two-point mixed strategy (``--warmup-steps``; it fixes
@@ -22,7 +22,8 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 from multiagent_rl.training.phases import warmup_then_rl  # noqa: E402
 from multiagent_rl.envs.leduc_poker.evaluation import LeducEvaluation  # noqa: E402
-from multiagent_rl.training.run import HelpFormatter, add_hub_flags, finish, train  # noqa: E402
+from multiagent_rl.training.run import (HelpFormatter, add_hub_flags, add_lora_flag, finish,  # noqa: E402
+                                        lora_config, train)
 from multiagent_rl.training.trainer import MixedAlgorithmTrainer  # noqa: E402
 
 ENV = "multiagent_rl.envs.leduc_poker"
@@ -45,7 +46,7 @@ def experiment(args) -> dict:
                    else {})}] if args.entropy_coef or args.entropy_final is not None else []
     phases = warmup_then_rl(args.warmup_steps, ["leduc_poker_warmup"], ["leduc_poker"], args.warmup_lr,
                             fresh_optimizer=args.fresh_optimizer)
-    return {"algo": {"type": args.algo}, "model": {"name": args.model}, "env": envs, "phase": phases,
+    return {"algo": {"type": args.algo}, "model": {"name": args.model, "lora": lora_config(args.lora)}, "env": envs, "phase": phases,
             "regulariser": entropy, "trainer": trainer}
 
 
@@ -89,6 +90,7 @@ def main(argv=None) -> dict:
     p.add_argument("--output-dir", default="outputs/leduc_poker", help="where everything is written")
     p.add_argument("--report-to", nargs="*", default=[], help="trackers, e.g. wandb or trackio")
     add_hub_flags(p)
+    add_lora_flag(p)
     args = p.parse_args(argv)
 
     evaluation = LeducEvaluation(args.eval_every, start_step=args.warmup_steps)

@@ -1,6 +1,6 @@
 """Proposer–solver curriculum on arithmetic, with a learnability reward.
 
-    python recipes/proposer_solver.py                      # tiny model, CPU, ~7 minutes alone on 2 cores
+    python recipes/proposer_solver.py                      # tiny model, CPU (docs/proposer_solver_results.md)
     python recipes/proposer_solver.py --proposer uniform   # the baseline: solvers trained on uniform proposals
 
 One policy plays both roles. Phase 1 (``--warmup-steps``) imitates, with ``sft``, a scripted proposer that
@@ -29,7 +29,8 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 from multiagent_rl.config import ExperimentConfig  # noqa: E402
 from multiagent_rl.training.phases import warmup_then_rl  # noqa: E402
 from multiagent_rl.envs.proposer_solver.evaluation import SolverEvaluation, curves, plot_curriculum  # noqa: E402
-from multiagent_rl.training.run import HelpFormatter, add_hub_flags, finish, train  # noqa: E402
+from multiagent_rl.training.run import (HelpFormatter, add_hub_flags, add_lora_flag, finish,  # noqa: E402
+                                        lora_config, train)
 from multiagent_rl.training.trainer import MixedAlgorithmTrainer  # noqa: E402
 
 ENV = "multiagent_rl.envs.proposer_solver"
@@ -55,7 +56,7 @@ def experiment(args) -> ExperimentConfig:
                         "roles": {"proposer": {**imitate, "policy": f"{ENV}:uniform_proposer"},
                                   "solver": {**imitate, **warmup_solver(args.warmup_solver_accuracy)}}})
     return ExperimentConfig.model_validate({
-        "model": {"name": args.model},
+        "model": {"name": args.model, "lora": lora_config(args.lora)},
         "env": envs,
         "phase": warmup_then_rl(args.warmup_steps, ["proposer_solver_warmup"], ["curriculum", "uniform_probe"],
                                 args.warmup_lr),
@@ -128,6 +129,7 @@ def main(argv=None) -> dict:
     p.add_argument("--output-dir", default="outputs/proposer_solver", help="where everything is written")
     p.add_argument("--report-to", nargs="*", default=[], help="trackers, e.g. wandb or trackio")
     add_hub_flags(p)
+    add_lora_flag(p)
     args = p.parse_args(argv)
 
     config = experiment(args)

@@ -1,6 +1,6 @@
 """Simulated users with hidden goals: a tiny assistant learns to ask, then book what the user wanted.
 
-    python recipes/user_sim.py          # tiny model, CPU, ~10 minutes on 2 cores
+    python recipes/user_sim.py          # tiny model, CPU (docs/user_sim_results.md)
 
 The user is scripted (``UserSimEnv``'s default: four personas, terse, chatty, confused, adversarial, each with a
 hidden booking goal); the assistant is the policy, and each of its replies is a choice from a menu (the three
@@ -24,7 +24,8 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 from multiagent_rl.config import ExperimentConfig  # noqa: E402
 from multiagent_rl.training.phases import warmup_then_rl  # noqa: E402
 from multiagent_rl.envs.user_sim.evaluation import UserSimEvaluation, plot_user_sim  # noqa: E402
-from multiagent_rl.training.run import HelpFormatter, add_hub_flags, finish, train  # noqa: E402
+from multiagent_rl.training.run import (HelpFormatter, add_hub_flags, add_lora_flag, finish,  # noqa: E402
+                                        lora_config, train)
 from multiagent_rl.training.trainer import MixedAlgorithmTrainer  # noqa: E402
 
 ENV = "multiagent_rl.envs.user_sim"
@@ -39,7 +40,7 @@ def experiment(args) -> ExperimentConfig:
         envs.insert(0, {"id": "user_sim", "name": "user_sim_warmup", "args": game, "group_size": args.group_size,
                         "roles": {"assistant": teacher}})
     return ExperimentConfig.model_validate({
-        "model": {"name": args.model},
+        "model": {"name": args.model, "lora": lora_config(args.lora)},
         "algo": {"type": "grpo"},
         "env": envs,
         "phase": warmup_then_rl(args.warmup_steps, ["user_sim_warmup"], ["user_sim"], args.warmup_lr),
@@ -70,6 +71,7 @@ def main(argv=None) -> dict:
     p.add_argument("--output-dir", default="outputs/user_sim", help="where everything is written")
     p.add_argument("--report-to", nargs="*", default=[], help="trackers, e.g. wandb or trackio")
     add_hub_flags(p)
+    add_lora_flag(p)
     args = p.parse_args(argv)
 
     evaluation = UserSimEvaluation(args.eval_every, args.warmup_steps, per_persona=args.per_persona,

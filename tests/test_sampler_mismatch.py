@@ -86,3 +86,49 @@ def test_weights_are_synced_once_per_optimizer_step_before_sampling(tmp_path, ti
     trainer.train()
     assert [step for step, _ in calls] == [0, 1, 2]
     assert all(model is trainer.accelerator.unwrap_model(trainer.model) for _, model in calls)
+
+
+def test_no_sampled_token_logs_no_sampler_figures():
+    """A batch without a token the policy sampled (sft on demonstrations) has no importance ratio to report."""
+    logps = torch.zeros(2, 3)
+    _, stats = loss.importance_weights(logps, logps, torch.zeros(2, 3), "token_truncate", None, 3.0)
+    assert loss.sampler_mismatch_metrics(stats, lambda t: t, lambda t: t) == {}
+
+    # two processes, only the other sampled: its figures, untouched by this one's empty batch
+    _, other = loss.importance_weights(torch.log(torch.tensor([[0.5, 0.2]])), torch.log(torch.tensor([[0.25, 0.4]])),
+                                       torch.ones(1, 2), "token_truncate", None, 3.0)
+    sent = {}  # what the other process puts into the reductions
+    theirs = loss.sampler_mismatch_metrics(other, lambda t: sent.setdefault("sum", t.clone()),
+                                           lambda t: sent.setdefault("max", t.clone()))
+    figures = loss.sampler_mismatch_metrics(stats, lambda t: t + sent["sum"], lambda t: torch.maximum(t, sent["max"]))
+    assert figures == pytest.approx(theirs)
+    assert figures["sampling/importance_sampling_ratio/min"] == pytest.approx(0.5)
+    assert figures["sampling/importance_sampling_ratio/max"] == pytest.approx(2.0)
+
+
+def test_an_sft_warm_up_logs_no_importance_ratio_and_a_sampled_step_shows_it_on_the_console(tmp_path, tiny):
+    from multiagent_rl.training.callbacks import console_line
+    from multiagent_rl.training.trainer import MixedAlgorithmConfig
+
+    model, tok = tiny
+    scripted = {"model": "scripted", "policy": "multiagent_rl.envs.kuhn_poker:random_policy"}
+    warm_up = MixedAlgorithmTrainer(
+        {"algo": {"type": "sft"}, "env": [{"id": "kuhn_poker", "group_size": 2,
+                                           "roles": {"player_0": scripted, "player_1": scripted}}]},
+        args=MixedAlgorithmConfig(output_dir=str(tmp_path / "sft"), report_to=[], save_strategy="no",
+                                  save_episodes=False, logging_steps=1, disable_tqdm=True, max_steps=2,
+                                  groups_per_step=2),
+        model=copy.deepcopy(model), processing_class=tok)
+    warm_up.rollout.policy.exact_logprobs = False  # as with vLLM: the correction is on, but nothing was sampled
+    warm_up.train()
+    logs = [h for h in warm_up.state.log_history if "loss" in h]
+    assert len(logs) == 2 and all(h["loss/ce"] > 0 for h in logs)  # sft trained
+    assert not [k for h in logs for k in h if k.startswith("sampling/")]
+    assert "sampler" not in console_line(logs[-1], 2, 2)
+
+    sampled = _trainer(tmp_path / "grpo", tiny, max_steps=1)
+    sampled.rollout.policy.exact_logprobs = False
+    sampled.train()
+    (log,) = [h for h in sampled.state.log_history if "loss" in h]
+    line = console_line(log, 1, 1)
+    assert "sampler ratio 1 [1, 1]" in line and "logp gap max" in line, line

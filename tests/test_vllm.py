@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import os
+import re
 import subprocess
 import time
 
@@ -136,7 +137,7 @@ def test_an_opd_teacher_served_by_vllm_scores_like_a_local_one(server, tiny_path
     batch = trainer._generate_and_score_completions(None)
     w = batch["ref_kl_weights"].bool()
     with torch.no_grad():
-        live, _, _ = trainer._token_logps(trainer.model, batch)
+        live = trainer.scorer.score(trainer.model, batch).logps
     assert w.any() and (batch["ref_logprobs"][w] - live[w]).abs().max().item() < TOL  # teacher == student here
 
 
@@ -218,7 +219,7 @@ def test_a_vllm_policy_is_synced_after_every_step(mode, lora, server, tiny_path,
     logs = [h for h in trainer.state.log_history if "loss" in h]
     for h in logs:  # the sampler/trainer mismatch is measured and small on the same weights
         assert abs(h["sampling/importance_sampling_ratio/mean"] - 1) < 1e-3
-    trainer._sync_policy()  # the weights after the last step
+    trainer.rollout.policy.sync_weights(trainer.accelerator.unwrap_model(trainer.model))  # after the last step
     assert _policy_matches_trainer(trainer, tok) < TOL
     if mode == "server":  # give the module's server its original weights back
         trainer.rollout.policy.sync_weights(model)
@@ -245,9 +246,77 @@ def test_a_killed_server_fails_its_episodes_and_the_run_stops(tiny_path, oracle,
     trainer.rollout.play = play
     started = time.time()
     with pytest.raises(RunStopped, match=r"every episode of env 'kuhn_poker' failed in 2 consecutive steps.*"
-                                         r"(APIConnectionError|Connection)"):
+                                         r"EndpointError: endpoint 'opp' \(\[endpoints\.opp\].*nothing answers at "
+                                         r"http://127\.0\.0\.1:\d+/v1/completions \(connection refused, 2 tries\)\. "
+                                         r"Is the server up\? Start it with: python -m vllm\.entrypoints"):
         trainer.train()
     assert trainer.state.global_step == 3 and time.time() - started < 120  # nothing hung
+
+
+def test_the_context_length_is_asked_from_the_server_and_wrong_settings_say_what_to_fix(server, tiny_path, oracle):
+    """The server's ``max_model_len`` (512 here) from ``/v1/models``: for a frozen endpoint before its first request,
+    for the policy's server when its backend is built; a base_url without /v1 and a model the server does not serve
+    are refused with the fix."""
+    from multiagent_rl.backends import EndpointError, build_policy_backend
+    from multiagent_rl.config import ModelConfig
+
+    model, tok = oracle
+    backend = endpoint(server, tiny_path)
+    assert backend.max_context is None
+    run_sync(backend.generate([1, 2, 3], SamplingParams(max_new_tokens=2)))
+    assert backend.max_context == 512
+    with pytest.raises(ValueError, match=r"exceeds the context .* \(512 positions\)"):
+        run_sync(backend.generate(list(range(3, 510)), SamplingParams(max_new_tokens=8)))
+    policy = build_policy_backend(ModelConfig(name="tiny", backend="vllm", vllm={"mode": "server", "base_url": server}),
+                                  model, tok)
+    assert policy.max_context == 512 and policy.config.model == tiny_path
+    root = server.removesuffix("/v1")
+    with pytest.raises(EndpointError, match=rf"{re.escape(root)}/models answered 404 \(Not Found\); base_url must be "
+                                            rf"the API root, which ends in /v1 for vLLM: add /v1 to .* "
+                                            rf"\({re.escape(root)}/v1\)"):
+        run_sync(endpoint(root, tiny_path).generate([1, 2, 3], SamplingParams(max_new_tokens=2)))
+    with pytest.raises(EndpointError, match=rf"the server at {re.escape(server)} serves "
+                                            rf"\[{re.escape(repr(tiny_path))}\], not 'nope'; set "
+                                            r"\[model\.vllm\] served_model to one of those"):
+        build_policy_backend(ModelConfig(name="tiny", backend="vllm", vllm={"mode": "server", "base_url": server,
+                                                                             "served_model": "nope"}), model, tok)
+
+
+COLOCATED_RUN = """
+import copy
+from multiagent_rl.envs.base import SingleAgentEnv
+from multiagent_rl.models import load_model_and_tokenizer
+from multiagent_rl.training.trainer import MixedAlgorithmConfig, MixedAlgorithmTrainer
+
+model, tok = load_model_and_tokenizer("tiny", device="cpu")
+env = SingleAgentEnv([{"prompt": f"Count to {n}."} for n in range(4)], reward=lambda task, trace: 1.0)
+trainer = MixedAlgorithmTrainer(
+    {"algo": {"type": "grpo"}, "model": {"name": "tiny", "backend": "vllm",
+                                         "vllm": {"mode": "colocate", "max_model_len": 512}},
+     "env": [{"id": "s", "instance": env, "group_size": 2}]},
+    args=MixedAlgorithmConfig(output_dir=OUT, max_steps=1, report_to=[], save_strategy="no", save_episodes=False,
+                              groups_per_step=2, max_completion_length=4, disable_tqdm=True),
+    model=model, processing_class=tok)
+trainer.train()
+trainer.accelerator.end_training()  # as training.run.finish does: the process group vLLM made is destroyed
+print("RUN FINISHED", flush=True)
+"""
+
+
+def test_a_colocated_run_says_the_versions_once_and_exits_quietly(tmp_path):
+    """TRL's five import-time warnings about vLLM 0.32 become one line of ours; vLLM's shutdown after the trainer's
+    end (the process group destroyed) prints no ``ValueError: Invalid process group specified`` traceback."""
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "default"}
+    run = subprocess.run([sys.executable, "-c", f"OUT = {str(tmp_path)!r}\n" + COLOCATED_RUN], env=env,
+                         capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    output = run.stdout + run.stderr
+    assert run.returncode == 0 and "RUN FINISHED" in output, output[-3000:]
+    assert "TRL currently supports vLLM versions" not in output, output[-3000:]
+    assert output.count("TRL lists vLLM 0.22-0.31 as tested") == 1, output[-3000:]
+    after = output[output.index("RUN FINISHED"):]
+    assert "Traceback" not in after and "Invalid process group" not in after, after
 
 
 def test_the_vllm_backend_generates_with_smollm2():

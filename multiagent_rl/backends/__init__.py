@@ -14,11 +14,22 @@
 
 from __future__ import annotations
 
+import logging
+import warnings
 from typing import Any
 
-from .base import Generation, GenerationBackend, SamplingParams, check_context
-from .endpoint import EndpointBackend, EndpointConfig, is_endpoint_reference, parse_reference
-from .transformers import TransformersBackend
+# TRL 1.16 warns, five times at import, that it supports vLLM 0.22-0.31 only. This package drives vLLM 0.32 through
+# its own backends, not through TRL's vLLM integration, so the warning is silenced here, before TRL is imported (this
+# package imports its backends before TRL); the colocated backend says once which versions run together.
+warnings.filterwarnings("ignore", message=r"TRL currently supports vLLM versions", category=UserWarning)
+
+from .base import Generation, GenerationBackend, SamplingParams, check_context  # noqa: E402
+from .endpoint import (  # noqa: E402
+    EndpointBackend, EndpointConfig, EndpointError, is_endpoint_reference, parse_reference,
+)
+from .transformers import TransformersBackend  # noqa: E402
+
+logger = logging.getLogger(__name__)
 
 POLICY = "policy"
 
@@ -62,7 +73,9 @@ def build_policy_backend(model_config: Any, live_model: Any, tokenizer: Any, *, 
                          seed: int = 0, endpoints: dict[str, EndpointConfig] | None = None) -> GenerationBackend:
     """The trained policy's backend from ``[model]`` (a ``ModelConfig``): ``backend = "transformers"`` serves the
     live module itself; ``"vllm"`` an in-process engine (``vllm.mode = "colocate"``) or a server
-    (``"server"``, ``vllm.base_url``), both fed the trainer's weights after every optimizer step."""
+    (``"server"``, ``vllm.base_url``), both fed the trainer's weights after every optimizer step. A server is asked
+    at once whether it is up and serves the model (``EndpointBackend.check_server``); its context length is the one
+    it reports."""
     if model_config.backend == "transformers":
         return TransformersBackend(live_model, tokenizer, model_id=POLICY, max_batch_size=max_batch_size)
     from ..models import resolve_model
@@ -78,10 +91,16 @@ def build_policy_backend(model_config: Any, live_model: Any, tokenizer: Any, *, 
     else:
         served = EndpointConfig(kind="vllm", base_url=options.base_url, model=options.served_model or path,
                                 api_key_env=options.api_key_env, timeout=options.timeout,
-                                max_concurrency=options.max_concurrency, max_context=options.max_model_len)
+                                max_concurrency=options.max_concurrency)
         backend = EndpointBackend(served, tokenizer=tokenizer, model_id=POLICY)
+        backend.check_server()  # up, serving this model? (else an EndpointError that says what to do) Its context:
+        if backend.max_context is None:  # the server did not say
+            backend.max_context = options.max_model_len
+        elif "max_model_len" in options.model_fields_set and backend.max_context != options.max_model_len:
+            logger.warning("[model.vllm] max_model_len = %d, but the server at %s serves %d positions: requests are "
+                           "checked against the server's", options.max_model_len, options.base_url, backend.max_context)
     return backend
 
 
-__all__ = ["EndpointBackend", "EndpointConfig", "Generation", "GenerationBackend", "SamplingParams",
+__all__ = ["EndpointBackend", "EndpointConfig", "EndpointError", "Generation", "GenerationBackend", "SamplingParams",
            "TransformersBackend", "build_backend", "build_policy_backend", "check_context"]

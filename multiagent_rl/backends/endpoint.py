@@ -18,6 +18,11 @@ table with every option. The API key is read from the environment variable ``api
 backend is built; it is never logged, written to traces or saved in checkpoints (only the variable's name is
 in the config). Requests are limited to ``max_concurrency`` in flight; the ``openai`` client retries
 429/5xx/timeouts with exponential backoff (``max_retries``) under a per-request ``timeout``.
+
+A server that cannot answer (down, a wrong port, a ``base_url`` without ``/v1``, a model it does not serve, a
+timeout) raises an ``EndpointError`` (``multiagent_rl.backends.endpoint_errors``), whose one-line message names the
+endpoint and the setting to change, its URL, what went wrong and the likely fix; that line is what an episode's
+error and a stopped run's summary quote.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
 from .base import Generation, SamplingParams, check_context
+from .endpoint_errors import EndpointError, describe, explain, server_message, setting
 
 KINDS = ("vllm", "openai")
 
@@ -60,7 +66,9 @@ class EndpointConfig(BaseModel):
     max_retries: int = Field(3, ge=0)
     """Retries with exponential backoff on 429, 5xx, timeouts and connection errors."""
     max_context: int | None = Field(None, ge=1)
-    """The server's context length (prompt + reply); default: asked from the server (``/v1/models``) when it says."""
+    """The server's context length (prompt + reply). Default: for a ``vllm`` server, asked from it before the first
+    request (the ``max_model_len`` its ``/v1/models`` reports); for an ``openai`` one unknown (a request that does
+    not fit is refused by the server)."""
 
     @property
     def reference(self) -> str:
@@ -120,6 +128,8 @@ class EndpointBackend:
         """Chat text in and out (no token ids): the tool harness and trained seats need a token-level backend."""
         self.token_exact = config.kind == "vllm"
         self.max_context = config.max_context
+        self._asked = config.kind != "vllm" or config.max_context is not None
+        """Whether the server's context length is known or not to be asked for (see ``max_context``)."""
         self.num_requests = 0
 
     def __repr__(self) -> str:  # the key never appears, the variable's name does
@@ -134,12 +144,62 @@ class EndpointBackend:
             self._loop = loop
             self._client = AsyncOpenAI(**self._client_options)
             self._slots = asyncio.Semaphore(self.config.max_concurrency)
+            self._asking = asyncio.Lock()
+
+    # -- requests: a failure says which endpoint, which URL and what to do ----------------------
+    async def _call(self, request, path: str):
+        """Await one API request; its failure becomes an ``EndpointError``."""
+        import openai
+
+        try:
+            return await request
+        except openai.APIError as exc:
+            raise self._explain(exc, path) from None
+
+    def _explain(self, exc: BaseException, path: str, tries: int | None = None) -> EndpointError:
+        url = path if "://" in path else self.config.base_url.rstrip("/") + path
+        return explain(self.config, self.model_id, exc, url, self.config.max_retries + 1 if tries is None else tries)
+
+    # -- what the server says about itself -------------------------------------------------------
+    def _adopt(self, models: list[dict[str, Any]]) -> None:
+        """Check that the server serves ``config.model``; its ``max_model_len`` is the context unless one was given."""
+        found = next((m for m in models if m.get("id") == self.config.model), None)
+        if found is None:
+            served = [m.get("id") for m in models]
+            raise EndpointError(f"{describe(self.model_id)}: the server at {self.config.base_url} serves {served}, "
+                                f"not {self.config.model!r}; set {setting(self.model_id, 'model')} to one of those, or "
+                                f"start the server with --served-model-name {self.config.model}")
+        length = found.get("max_model_len")
+        if self.max_context is None and isinstance(length, int) and length > 0:
+            self.max_context = length
+        self._asked = True
+
+    def check_server(self) -> None:
+        """Ask the server which models it serves (``GET /models``), now: raises an ``EndpointError`` unless it answers
+        and serves ``config.model``; sets ``max_context`` from its ``max_model_len`` when it was not given. The
+        policy's server is checked when its backend is built; other ``vllm`` endpoints before their first request."""
+        from openai import APIError, OpenAI
+
+        try:
+            with OpenAI(**self._client_options) as client:
+                models = [m.model_dump() for m in client.models.list().data]
+        except APIError as exc:
+            raise self._explain(exc, "/models") from None
+        self._adopt(models)
+
+    async def _ask_server(self) -> None:
+        async with self._asking:
+            if not self._asked:
+                page = await self._call(self._client.models.list(), "/models")
+                self._adopt([m.model_dump() for m in page.data])
 
     # -- generation ------------------------------------------------------------------------------
     async def generate(self, prompt_ids: list[int], params: SamplingParams,
                        messages: list[dict[str, Any]] | None = None) -> Generation:
-        check_context(len(prompt_ids), params.max_new_tokens, self.max_context, self.model_id)
         self._bind_loop()
+        if not self._asked:
+            await self._ask_server()
+        check_context(len(prompt_ids), params.max_new_tokens, self.max_context, self.model_id)
         async with self._slots:
             self.num_requests += 1
             if self.config.kind == "vllm":
@@ -150,11 +210,11 @@ class EndpointBackend:
         extra: dict[str, Any] = {"return_token_ids": True, "skip_special_tokens": False}
         if params.allowed_token_ids is not None:
             extra["allowed_token_ids"] = list(params.allowed_token_ids)
-        response = await self._client.completions.create(
+        response = await self._call(self._client.completions.create(
             model=self.config.model, prompt=list(prompt_ids), max_tokens=params.max_new_tokens,
             temperature=params.temperature, top_p=params.top_p, seed=params.seed, logprobs=0,
             stop=list(params.stop) or None, extra_body=extra,
-        )
+        ), "/completions")
         choice = response.choices[0]
         ids = list(getattr(choice, "token_ids", None) or choice.model_extra.get("token_ids") or [])
         logprobs = list(choice.logprobs.token_logprobs) if choice.logprobs is not None else None
@@ -170,10 +230,10 @@ class EndpointBackend:
                              messages: list[dict[str, Any]] | None) -> Generation:
         if messages is None:
             raise ValueError(f"{self.model_id} is a chat (text) endpoint: it needs the conversation's messages")
-        response = await self._client.chat.completions.create(
+        response = await self._call(self._client.chat.completions.create(
             model=self.config.model, messages=messages, max_tokens=params.max_new_tokens,
             temperature=params.temperature, top_p=params.top_p, seed=params.seed, stop=list(params.stop) or None,
-        )
+        ), "/chat/completions")
         choice = response.choices[0]
         text = choice.message.content or ""
         ids = self.tokenizer.encode(text, add_special_tokens=False)
@@ -203,10 +263,10 @@ class EndpointBackend:
         full = any(a is not None for a in allowed or ()) or any(t not in (None, 1.0) for t in temperatures or ())
         async with self._slots:
             self.num_requests += 1
-            response = await self._client.completions.create(
+            response = await self._call(self._client.completions.create(
                 model=self.config.model, prompt=list(sequence), max_tokens=1, temperature=1.0,
                 extra_body={"prompt_logprobs": -1 if full else 0},
-            )
+            ), "/completions")
         rows = response.choices[0].model_extra.get("prompt_logprobs")
         if rows is None or len(rows) != len(sequence):
             raise RuntimeError(f"{self.model_id}: the server returned no prompt_logprobs (is it a vLLM server?)")
@@ -241,10 +301,16 @@ class EndpointBackend:
 
         blob = base64.b64encode(save(served_tensors(model))).decode()
         root = self.config.base_url.rstrip("/").removesuffix("/v1")
-        with httpx.Client(timeout=self.config.timeout, headers=self._headers) as client:
-            reply = client.post(f"{root}/collective_rpc", json={"method": "load_safetensors_b64", "args": [blob]})
-            if reply.status_code != 200:
-                raise RuntimeError(f"{self.model_id}: pushing weights failed ({reply.status_code}: {reply.text[:300]}); "
-                                   "start the server with VLLM_SERVER_DEV_MODE=1 and --worker-extension-cls "
-                                   "multiagent_rl.backends.vllm_sync.WeightSyncExtension")
-            client.post(f"{root}/reset_prefix_cache").raise_for_status()
+        url = f"{root}/collective_rpc"
+        try:
+            with httpx.Client(timeout=self.config.timeout, headers=self._headers) as client:
+                reply = client.post(url, json={"method": "load_safetensors_b64", "args": [blob]})
+                if reply.status_code != 200:
+                    raise EndpointError(
+                        f"{describe(self.model_id)}: pushing weights to {url} failed ({reply.status_code}: "
+                        f"{server_message(reply.text, 'no message')}); start the server with VLLM_SERVER_DEV_MODE=1 "
+                        "and --worker-extension-cls multiagent_rl.backends.vllm_sync.WeightSyncExtension")
+                url = f"{root}/reset_prefix_cache"
+                client.post(url).raise_for_status()
+        except httpx.HTTPError as exc:
+            raise self._explain(exc, url, 1) from None

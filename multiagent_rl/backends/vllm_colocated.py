@@ -6,14 +6,66 @@ their logprobs at the sampling temperature out (``logprobs_mode="processed_logpr
 choices through ``allowed_token_ids``, teacher scoring through ``prompt_logprobs``. After every optimizer
 step the trainer pushes its weights in ([`push_weights`][multiagent_rl.backends.vllm_sync.push_weights]). The
 engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): on a CPU it starts in seconds.
+
+The engine's torch process group is the default one of this process, which the trainer's end
+(``accelerator.end_training()``) destroys; the backend's shutdown
+([`shutdown_engine`][multiagent_rl.backends.vllm_colocated.shutdown_engine], at ``close()``, when the backend is
+collected, or at exit) then releases the engine without destroying those groups a second time.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import warnings
+import weakref
 from typing import Any
 
 from .base import Generation, SamplingParams, TickBatcher
+
+logger = logging.getLogger(__name__)
+_said_versions = False
+_REDUCE_OP = r"`torch.distributed.reduce_op` is deprecated"
+
+
+def _say_versions_once() -> None:
+    """One line instead of TRL's five import-time warnings about the vLLM version (silenced in ``backends``)."""
+    global _said_versions
+    if _said_versions:
+        return
+    _said_versions = True
+    from importlib.metadata import PackageNotFoundError, version
+
+    import vllm
+
+    try:
+        trl = version("trl")
+    except PackageNotFoundError:
+        trl = "?"
+    logger.warning("vLLM %s with TRL %s: TRL lists vLLM 0.22-0.31 as tested; this package uses vLLM through its own "
+                   "backends (tested with vLLM 0.32), not TRL's vLLM integration, so TRL's version warning is "
+                   "silenced", vllm.__version__, trl)
+
+
+def shutdown_engine(engine_core: Any) -> None:
+    """Shut an in-process vLLM engine (``vllm.v1.engine.core.EngineCore``) down, also after the process group is gone.
+
+    In one process vLLM makes the default torch process group its own and builds its groups on it. Destroying the
+    default group (``accelerator.end_training()`` does at the end of a run) destroys them all, and vLLM's own shutdown
+    would then destroy each of them again: ``ValueError: Invalid process group specified``, printed at exit by a run
+    that succeeded. Its groups are then marked as already destroyed, so vLLM's teardown releases the rest quietly.
+    """
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        from vllm.distributed import parallel_state
+
+        for group in list(vars(parallel_state).values()):
+            if isinstance(group, parallel_state.GroupCoordinator):
+                for handle in ("device_group", "cpu_group"):
+                    if hasattr(group, handle):
+                        delattr(group, handle)
+    engine_core.shutdown()
 
 
 class VLLMColocatedBackend(TickBatcher):
@@ -36,7 +88,10 @@ class VLLMColocatedBackend(TickBatcher):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process: weights by reference
         os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc with our own function
         import torch
-        from vllm import LLM
+
+        with warnings.catch_warnings():  # vLLM 0.32 reads torch.distributed's deprecated `reduce_op` when it loads
+            warnings.filterwarnings("ignore", message=_REDUCE_OP, category=FutureWarning)
+            from vllm import LLM
 
         options: dict[str, Any] = dict(model=model_path, tokenizer=model_path, max_model_len=max_model_len, seed=seed,
                                        enforce_eager=enforce_eager, logprobs_mode="processed_logprobs", max_logprobs=-1,
@@ -44,12 +99,33 @@ class VLLMColocatedBackend(TickBatcher):
         if torch.cuda.is_available():
             options["gpu_memory_utilization"] = gpu_memory_utilization
         options["kv_cache_memory_bytes"] = kv_cache_memory_bytes or (None if torch.cuda.is_available() else 64 << 20)
-        self.llm = LLM(**{k: v for k, v in options.items() if v is not None})
+        _say_versions_once()
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=_REDUCE_OP, category=FutureWarning)
+            self.llm = LLM(**{k: v for k, v in options.items() if v is not None})
+        self._shutdown = self._own_shutdown()
         self.tokenizer = tokenizer
         self.model_id = model_id
         self.max_context = max_model_len
         self.max_batch_size = max_batch_size
         self.num_generate_calls = 0
+
+    def _own_shutdown(self) -> weakref.finalize | None:
+        """Put [`shutdown_engine`][multiagent_rl.backends.vllm_colocated.shutdown_engine] in place of the engine
+        client's own finalizer (which runs at exit or when the engine is collected); None if vLLM is not laid out as
+        0.32 is (an in-process client with an ``engine_core`` and a ``_finalizer``)."""
+        client = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
+        own = getattr(client, "_finalizer", None)
+        if not isinstance(own, weakref.finalize) or not hasattr(client, "engine_core") or not own.alive:
+            return None
+        own.detach()
+        client._finalizer = weakref.finalize(client, shutdown_engine, client.engine_core)
+        return client._finalizer
+
+    def close(self) -> None:
+        """Shut the engine down now (idempotent; otherwise it happens when the backend is collected or at exit)."""
+        if self._shutdown is not None:
+            self._shutdown()
 
     def _params(self, params: SamplingParams, **extra):
         from vllm import SamplingParams as VLLMParams

@@ -13,11 +13,17 @@ extension and ``VLLM_SERVER_DEV_MODE=1`` (so a trained policy's weights can be p
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import socket
 import subprocess
 import sys
 import time
+
+SAMPLING_FLAGS = ("--logprobs-mode", "processed_logprobs", "--max-logprobs", "-1")
+"""What every served model needs: logprobs at the sampling temperature, whole distributions for teachers."""
+WEIGHT_SYNC_FLAGS = ("--worker-extension-cls", "multiagent_rl.backends.vllm_sync.WeightSyncExtension")
+"""What the policy's server needs besides (with ``VLLM_SERVER_DEV_MODE=1``): the trainer's weights pushed in."""
 
 
 def free_port() -> int:
@@ -31,8 +37,25 @@ def server_command(model_path: str, port: int, *, host: str = "127.0.0.1", max_m
     """The command line of a vLLM OpenAI-compatible server for this library (any extra vLLM flag may be appended)."""
     return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path, "--dtype", dtype,
             "--max-model-len", str(max_model_len), "--host", host, "--port", str(port), "--seed", str(seed),
-            "--logprobs-mode", "processed_logprobs", "--max-logprobs", "-1",
-            "--worker-extension-cls", "multiagent_rl.backends.vllm_sync.WeightSyncExtension"]
+            *SAMPLING_FLAGS, *WEIGHT_SYNC_FLAGS]
+
+
+def shell_command(model: str, host: str = "127.0.0.1", port: int = 8000, *, weight_sync: bool = True) -> str:
+    """The shell line that starts a server for ``model`` on ``host:port`` with this library's flags (``weight_sync``:
+    also those a trained policy's server needs). Error messages suggest it; on a CPU add ``--dtype float32`` and set
+    ``VLLM_CPU_KVCACHE_SPACE`` (docs/vllm_cpu.md).
+
+    ```pycon
+    >>> shell_command("Qwen/Qwen2.5-0.5B-Instruct", port=8001, weight_sync=False).split(" --")[1:]
+    ['model Qwen/Qwen2.5-0.5B-Instruct', 'host 127.0.0.1', 'port 8001', 'logprobs-mode processed_logprobs', \
+'max-logprobs -1']
+
+    ```
+    """
+    args = ["--model", model, "--host", host, "--port", str(port), *SAMPLING_FLAGS,
+            *(WEIGHT_SYNC_FLAGS if weight_sync else ())]
+    prefix = "VLLM_SERVER_DEV_MODE=1 " if weight_sync else ""
+    return prefix + "python -m vllm.entrypoints.openai.api_server " + shlex.join(args)
 
 
 def start_vllm_server(model_path: str, *, log_path: str | os.PathLike = "vllm_server.log", port: int | None = None,

@@ -207,15 +207,23 @@ def add_global_counts(batch: dict, all_reduce_sum: Callable[[torch.Tensor], torc
 
 def sampler_mismatch_metrics(stats: dict, reduce_sum: Callable, reduce_max: Callable) -> dict[str, float]:
     """The logged figures of [`importance_weights`][multiagent_rl.training.loss.importance_weights]' statistics over
-    all processes: the importance ratio's mean, min, max and clipped share, the sampler/trainer log-prob gap."""
+    all processes: the importance ratio's mean, min, max and clipped share, the sampler/trainer log-prob gap.
+
+    Empty when no process's batch has a token the policy sampled (e.g. a step of sft on scripted demonstrations):
+    there is no ratio to report, and a mean of 0 beside a min and max of 1 would be a figure of nothing. Every
+    process reduces before deciding, so they all decide alike.
+    """
     ratio, gap = stats["ratio"].float(), stats["gap"].float()
     sums = torch.stack([ratio.sum(), torch.tensor(float(ratio.numel()), device=ratio.device),
                         stats["clipped"].float().sum(), gap.sum(), torch.tensor(float(gap.numel()), device=gap.device)])
     sums = reduce_sum(sums).tolist()
-    extremes = torch.stack([ratio.max() if ratio.numel() else ratio.new_tensor(1.0),
-                            -(ratio.min() if ratio.numel() else ratio.new_tensor(1.0)),
+    # the neutral values keep a process without sampled tokens out of the others' extremes
+    extremes = torch.stack([ratio.max() if ratio.numel() else ratio.new_tensor(-math.inf),
+                            -(ratio.min() if ratio.numel() else ratio.new_tensor(math.inf)),
                             gap.max() if gap.numel() else gap.new_tensor(0.0)])
     top = reduce_max(extremes).tolist()
+    if sums[1] == 0:
+        return {}
     return {
         "sampling/importance_sampling_ratio/mean": sums[0] / max(sums[1], 1.0),
         "sampling/importance_sampling_ratio/max": top[0],

@@ -32,6 +32,23 @@ def add_hub_flags(parser: argparse.ArgumentParser) -> None:
                         help="with --push-to-hub: create both repos public (by default they are private)")
 
 
+def add_lora_flag(parser: argparse.ArgumentParser) -> None:
+    """``--lora R``: train a LoRA adapter of rank R on every linear layer instead of the full model (see
+    [`lora_config`][multiagent_rl.training.run.lora_config])."""
+    parser.add_argument("--lora", type=int, metavar="R",
+                        help="train a LoRA adapter of rank R (alpha 2R) on every linear layer instead of the whole "
+                             "model, e.g. 16 for --model smollm2-135m")
+
+
+def lora_config(rank: int | None) -> dict[str, Any] | None:
+    """The ``[model] lora`` of ``--lora R`` (PEFT ``LoraConfig`` arguments), or None without it."""
+    if rank is None:
+        return None
+    if rank < 1:
+        raise SystemExit(f"--lora {rank}: the adapter's rank, at least 1")
+    return {"r": rank, "lora_alpha": 2 * rank, "target_modules": "all-linear"}
+
+
 def close_episode_log(trainer: MixedAlgorithmTrainer) -> None:
     """Merge the last steps' trace files into one shard on every process, then wait for all of them (the main
     process may read every process's traces next)."""
