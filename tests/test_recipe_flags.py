@@ -60,7 +60,7 @@ def test_env_labels_are_the_env_id_and_its_warmup():
     args, _ = kuhn_poker.parse([])
     assert labels(kuhn_poker.experiment(args)) == ["kuhn_poker_warmup", "kuhn_poker"]
     common = {"model": "tiny", "steps": 10, "warmup_steps": 2, "group_size": 2, "groups_per_step": 1, "lr": 1e-3,
-              "warmup_lr": 1e-3, "seed": 0, "output_dir": "x", "report_to": []}
+              "warmup_lr": 1e-3, "seed": 0, "output_dir": "x", "report_to": [], "lora": None}
     leduc = argparse.Namespace(**common, algo="rae", entropy_coef=0.3, entropy_final=None, fresh_optimizer=False,
                                eval_every=5)
     assert labels(ExperimentConfig.model_validate(leduc_poker.experiment(leduc))) == ["leduc_poker_warmup",
