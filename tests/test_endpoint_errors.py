@@ -86,14 +86,15 @@ def test_a_frozen_seat_whose_server_is_down_names_the_endpoint_url_and_fix():
     episodes = play_against(kuhn_with_opponent(url))
     assert all(not ep.ok for ep in episodes)
     first = episodes[0].errors[0].splitlines()[0]  # the line a stopped run's summary quotes
-    assert first.startswith("env 'kuhn_poker': EndpointError: endpoint 'opp' ([endpoints.opp]"), first
+    assert first.startswith("env 'kuhn_poker': EndpointError: seat 'player_1': endpoint 'opp' ([endpoints.opp]"), first
     assert f"nothing answers at {url}/models (connection refused, 1 try)" in first, first
     assert "Is the server up? Start it with: python -m vllm.entrypoints.openai.api_server --model served-tiny" in first
     port = url.split(":")[2].split("/")[0]
     assert f"--port {port}" in first and "or correct the port in [endpoints.opp] base_url" in first
     with pytest.raises(RunStopped) as stopped:
         RunHealth(failed_steps=1).after_rollout(episodes, {})
-    assert "EndpointError: endpoint 'opp'" in str(stopped.value) and f"nothing answers at {url}" in str(stopped.value)
+    assert "EndpointError: seat 'player_1': endpoint 'opp'" in str(stopped.value)
+    assert f"nothing answers at {url}" in str(stopped.value)
     assert "APIConnectionError" not in str(stopped.value)
 
 

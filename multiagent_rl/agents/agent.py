@@ -26,6 +26,7 @@ from typing import Any, Callable, Sequence
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..backends import GenerationBackend, SamplingParams, build_backend
+from ..backends.endpoint_errors import EndpointError
 from ..episodes.trace import Trace
 from ..tasks.task import Task
 from ..tools import Tool, as_tools, parse_tool_calls, run_tool_call
@@ -249,7 +250,7 @@ class Interaction:
             trace.append("action", ids)
             self._reply_ended_turn = agent.template.ends_turn(ids)
             return tok.decode(ids, skip_special_tokens=True)
-        gen = await agent.backend.generate(trace.token_ids, params, trace.messages)
+        gen = await self._generate(trace.token_ids, params)
         trace.append("action", gen.token_ids, gen.logprobs, temperature=params.temperature)
         trace.token_exact = trace.token_exact and gen.exact
         self._reply_ended_turn = agent.template.ends_turn(gen.token_ids)
@@ -258,6 +259,12 @@ class Interaction:
             if s in text:
                 text = text[: text.index(s)]
         return text
+
+    async def _generate(self, token_ids: list[int], params: SamplingParams):
+        try:
+            return await self.agent.backend.generate(token_ids, params, self.trace.messages)
+        except EndpointError as exc:  # a served model's error says which seat was waiting for it
+            raise EndpointError(f"seat {self.trace.role!r}: {exc}") from None
 
     async def _scripted_reply(self, state: Any, choices: tuple[str, ...] | None = None) -> str:
         turn = ScriptedTurn(list(self.trace.messages), self.task, state, choices, tuple(self.tools), self.rng)
@@ -287,10 +294,9 @@ class Interaction:
                 if len(candidates) == 1:  # forced: the only way to continue, probability 1 under the restriction
                     token, logprob = candidates[0], 0.0
                 else:
-                    gen = await agent.backend.generate(
+                    gen = await self._generate(
                         trace.token_ids + ids,
                         params.with_overrides(max_new_tokens=1, stop=(), allowed_token_ids=tuple(candidates)),
-                        trace.messages,
                     )
                     token, logprob = gen.token_ids[0], gen.logprobs[0]
                 ids.append(token)
