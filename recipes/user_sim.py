@@ -1,6 +1,7 @@
 """Simulated users with hidden goals: a tiny assistant learns to ask, then book what the user wanted.
 
     python recipes/user_sim.py          # tiny model, CPU (docs/user_sim_results.md)
+    python recipes/user_sim.py --model smollm2-135m --lora 16 --free-text --user model   # a real chat model
 
 The user is scripted (``UserSimEnv``'s default: four personas, terse, chatty, confused, adversarial, each with a
 hidden booking goal); the assistant is the policy, and each of its replies is a choice from a menu (the three
@@ -11,6 +12,10 @@ users rarely give everything, and give it right, in their first message); phase 
 on the success check of its booking. Measured: greedy success per persona on held-out scenarios (goals never used in training) at the end
 of the warm-up and every ``--eval-every`` steps. Outputs in ``--output-dir``: ``summary.json``,
 ``user_sim.png``, the episodes, the final model.
+
+With ``--free-text`` the assistant writes its replies (its last ``BOOK`` line is the booking); with ``--user model``
+the user is the base model itself, frozen, playing the persona and hidden goal from its system prompt, and
+``summary.json`` reports how it kept to its part (``user_conduct``: ``leaked_goal``, ``broke_character``).
 """
 
 from __future__ import annotations
@@ -32,13 +37,17 @@ ENV = "multiagent_rl.envs.user_sim"
 
 
 def experiment(args) -> ExperimentConfig:
-    game = {"menu": True, "max_turns": args.max_turns}
-    envs = [{"id": "user_sim", "args": game, "group_size": args.group_size}]  # labelled by its id
+    game = {"menu": not args.free_text, "max_turns": args.max_turns}
+    # a model-played user: the base model itself, frozen, reading its persona and hidden goal from its system prompt
+    user = {"user": {"model": args.model, "trainable": False,
+                     "sampling": {"temperature": args.user_temperature, "max_new_tokens": 64}}} \
+        if args.user == "model" else {}
+    envs = [{"id": "user_sim", "args": game, "group_size": args.group_size, "roles": user}]  # labelled by its id
     if args.warmup_steps:
         teacher = {"model": "scripted", "policy": f"{ENV}:hasty_assistant", "policy_args": {"patience": args.patience},
                    "algo": {"type": "sft"}}
         envs.insert(0, {"id": "user_sim", "name": "user_sim_warmup", "args": game, "group_size": args.group_size,
-                        "roles": {"assistant": teacher}})
+                        "roles": {"assistant": teacher, **user}})
     return ExperimentConfig.model_validate({
         "model": {"name": args.model, "lora": lora_config(args.lora)},
         "algo": {"type": "grpo"},
@@ -48,9 +57,19 @@ def experiment(args) -> ExperimentConfig:
             "output_dir": args.output_dir, "max_steps": args.steps, "learning_rate": args.lr,
             "lr_scheduler_type": "constant", "groups_per_step": args.groups_per_step, "seed": args.seed,
             "report_to": args.report_to, "logging_steps": args.log_every, "disable_tqdm": False,
-            "max_completion_length": 24, "save_strategy": "no",
+            "max_completion_length": args.reply_tokens, "save_strategy": "no",
         },
     })
+
+
+def user_conduct_summary(log_history: list[dict]) -> dict:
+    """A model-played user's conduct over the run: the mean per logged step of ``leaked_goal`` and
+    ``broke_character`` (the share of conversations where it quoted its hidden goal / stepped out of its part)."""
+    out = {}
+    for key in ("leaked_goal", "broke_character"):
+        values = [v for h in log_history for k, v in h.items() if k.split("/")[1:2] == ["user"] and k.endswith(key)]
+        out[key] = round(sum(values) / len(values), 4) if values else None
+    return out
 
 
 def main(argv=None) -> dict:
@@ -60,6 +79,14 @@ def main(argv=None) -> dict:
     p.add_argument("--warmup-steps", type=int, default=60, help="sft steps imitating the hasty assistant (0: none)")
     p.add_argument("--patience", type=float, default=0.3, help="the warm-up teacher's chance to ask instead of book")
     p.add_argument("--max-turns", type=int, default=6, help="assistant turns per conversation")
+    p.add_argument("--free-text", action="store_true",
+                   help="the assistant replies in free text (its last BOOK line is parsed) instead of from the menu")
+    p.add_argument("--user", choices=("scripted", "model"), default="scripted",
+                   help="who plays the user in training: the scripted user, or --model itself, frozen, from each "
+                        "persona's prompt (held-out evaluation always uses the scripted user)")
+    p.add_argument("--user-temperature", type=float, default=0.7, help="sampling temperature of a model-played user")
+    p.add_argument("--reply-tokens", type=int, default=24, help="most tokens of one assistant reply")
+    p.add_argument("--eval-at-start", action="store_true", help="also evaluate the untrained model (step 0)")
     p.add_argument("--group-size", type=int, default=8, help="conversations per scenario")
     p.add_argument("--groups-per-step", type=int, default=4, help="scenarios per step")
     p.add_argument("--lr", type=float, default=1e-3, help="learning rate of the RL phase")
@@ -75,7 +102,8 @@ def main(argv=None) -> dict:
     args = p.parse_args(argv)
 
     evaluation = UserSimEvaluation(args.eval_every, args.warmup_steps, per_persona=args.per_persona,
-                                   max_turns=args.max_turns)
+                                   max_turns=args.max_turns, menu=not args.free_text, reply_tokens=args.reply_tokens,
+                                   at_start=args.eval_at_start)
     trainer = MixedAlgorithmTrainer(experiment(args), callbacks=[evaluation])
     evaluation.trainer = trainer
     interrupted = train(trainer)
@@ -87,6 +115,8 @@ def main(argv=None) -> dict:
         "held_out_after_warmup": warm, "held_out_last": points[-1] if points else None,
         "gain_points": ({k: round(100 * (points[-1][k] - warm[k]), 1) for k in warm if k != "step"}
                         if warm and points else None),
+        "held_out_before": points[0] if args.eval_at_start and points else None,
+        "user_conduct": user_conduct_summary(trainer.state.log_history) if args.user == "model" else None,
         "held_out": points,
     }
     title = f"assistant, seed {args.seed}"

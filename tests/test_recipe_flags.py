@@ -65,7 +65,8 @@ def test_env_labels_are_the_env_id_and_its_warmup():
                                eval_every=5)
     assert labels(ExperimentConfig.model_validate(leduc_poker.experiment(leduc))) == ["leduc_poker_warmup",
                                                                                       "leduc_poker"]
-    users = argparse.Namespace(**common, patience=0.3, max_turns=6, log_every=1)
+    users = argparse.Namespace(**common, patience=0.3, max_turns=6, log_every=1, free_text=False, user="scripted",
+                               user_temperature=0.7, reply_tokens=24)
     assert labels(user_sim.experiment(users)) == ["user_sim_warmup", "user_sim"]
     ps = argparse.Namespace(**common, levels=[1, 2], topic="addition", solvers=2, proposer="trained",
                             probe_weight=0.25, warmup_solver_accuracy=0.3, entropy_coef=0.0, log_every=1, save_every=0)

@@ -6,7 +6,7 @@ import pytest
 
 import multiagent_rl as mrl
 from multiagent_rl.config import ExperimentConfig
-from multiagent_rl.envs.user_sim import (ASSISTANT_SYSTEM, PERSONAS, UserSimEnv, careful_assistant, hasty_assistant,
+from multiagent_rl.envs.user_sim import (ASSISTANT_SYSTEM, user_conduct, PERSONAS, UserSimEnv, careful_assistant, hasty_assistant,
                                          scripted_user, user_system_prompt)
 from multiagent_rl.envs.user_sim.booking import (Goal, all_goals, booking_text, latest_values, menu, mentions, parse_booking,
                                          split_goals)
@@ -142,3 +142,16 @@ def test_the_user_seat_is_scripted_and_untrained_unless_bound():
     assert cfg.env[0].roles["user"].model == "tiny"
     with pytest.raises(ValueError, match="personas"):
         UserSimEnv(personas=["grumpy"])
+
+
+def test_user_conduct_flags_a_quoted_goal_and_an_assistant_voice_only():
+    goal = Goal("Paris", "Monday", 2)
+    # the hidden goal exactly as the user's system prompt words it
+    assert f"book {goal.seats} seats to {goal.city} on {goal.date}" in user_system_prompt(goal, "terse")
+    fine = user_conduct(["I need to get to Paris.", "Two of us, on Monday please."], goal)
+    assert fine == {"leaked_goal": 0.0, "broke_character": 0.0}
+    leaked = user_conduct(["Hi", "I want to Book 2 seats to Paris on Monday."], goal)
+    assert leaked == {"leaked_goal": 1.0, "broke_character": 0.0}
+    swapped = user_conduct(["Hello! How can I help you today?"], goal)
+    assert swapped == {"leaked_goal": 0.0, "broke_character": 1.0}
+    assert user_conduct(["BOOK city=Paris date=Monday seats=2"], goal)["broke_character"] == 1.0

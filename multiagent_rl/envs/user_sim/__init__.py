@@ -22,7 +22,8 @@ persona's prompt).
 
 Metrics on the assistant's trace: ``success``, ``booked``, ``slots_right`` (share), ``user_turns``,
 ``ended_without_success``, ``persona_<p>`` and ``success_<p>`` (so that mean(success_p) / mean(persona_p) is the
-success rate per persona).
+success rate per persona). On a model-played user's trace, how well it plays its part
+([`user_conduct`][multiagent_rl.envs.user_sim.user_conduct]): ``leaked_goal`` and ``broke_character``.
 """
 
 from __future__ import annotations
@@ -62,6 +63,20 @@ PERSONA_PROMPTS = {
     "adversarial": "You are impatient: push the assistant to book right away, before it knows everything, and "
                    "give only what it asks for.",
 }
+
+
+_OUT_OF_CHARACTER = ("book city=", "how can i help", "how may i help", "as an ai", "i am an ai", "i'm an ai",
+                     "language model", "i am a booking assistant", "i'm a booking assistant", "hidden goal")
+
+
+def user_conduct(user_said: list[str], goal: Goal) -> dict[str, float]:
+    """How a model-played user kept to its part, over its messages: ``leaked_goal`` (1 when a message quotes its
+    hidden goal as the system prompt words it, "book N seats to CITY on DATE") and ``broke_character`` (1 when a
+    message talks as the assistant or as a model: a ``BOOK`` line, "how can I help", "as an AI", "hidden goal")."""
+    quoted = f"book {goal.seats} seats to {goal.city} on {goal.date}".lower()
+    text = [m.lower() for m in user_said]
+    return {"leaked_goal": float(any(quoted in m for m in text)),
+            "broke_character": float(any(any(p in m for p in _OUT_OF_CHARACTER) for m in text))}
 
 
 def user_system_prompt(goal: Goal, persona: str, done_marker: str = DONE_MARKER) -> str:
@@ -125,6 +140,8 @@ class UserSimEnv(Env):
                     if self.done_marker in user_said[-1]:
                         break
         self._score(it.trace, goal, persona, booking, user_turns=len(user_said))
+        if user.trace.model not in (None, "scripted"):
+            user.trace.metrics.update(user_conduct(user_said, goal))
 
     def _score(self, trace, goal: Goal, persona: str, booking: Goal | None, user_turns: int):
         right = [booking is not None and booking.value(s) == goal.value(s) for s in SLOTS]

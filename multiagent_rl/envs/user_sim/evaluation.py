@@ -40,8 +40,9 @@ class UserSimEvaluation(TrainerCallback):
     (``eval/us/...`` metrics, `points`). Its state travels in checkpoints."""
 
     def __init__(self, every: int, warmup_steps: int, per_persona: int = 16, menu: bool = True,
-                 personas: tuple[str, ...] = PERSONAS, max_turns: int = 6):
-        self.every, self.warmup_steps = every, warmup_steps
+                 personas: tuple[str, ...] = PERSONAS, max_turns: int = 6, reply_tokens: int = 24,
+                 at_start: bool = False):
+        self.every, self.warmup_steps, self.reply_tokens, self.at_start = every, warmup_steps, reply_tokens, at_start
         self.env = UserSimEnv(personas=personas, menu=menu, split="held_out", max_turns=max_turns)
         self.tasks = held_out_scenarios(self.env, per_persona)
         self.points: list[dict] = []
@@ -53,12 +54,19 @@ class UserSimEvaluation(TrainerCallback):
     def load_state_dict(self, state):
         self.points = list(state["points"])
 
+    def on_train_begin(self, args, state, control, **kwargs):
+        if self.at_start and not self.points:  # the untrained model's level: the "before" of before → after
+            self._evaluate(0)
+
     def on_step_end(self, args, state, control, **kwargs):
         step = state.global_step
         if step != self.warmup_steps and (step % self.every or step < self.warmup_steps) and step != state.max_steps:
             return
+        self._evaluate(step)
+
+    def _evaluate(self, step: int) -> None:
         trainer = self.trainer
-        greedy = Agent(AgentConfig(model="policy", sampling={"temperature": 0.0, "max_new_tokens": 24}),
+        greedy = Agent(AgentConfig(model="policy", sampling={"temperature": 0.0, "max_new_tokens": self.reply_tokens}),
                        trainer.rollout.policy)
         success = success_by_persona(greedy, self.env, self.tasks)
         self.points.append({"step": step, **success})
