@@ -25,7 +25,7 @@ from multiagent_rl.config import ExperimentConfig
 from multiagent_rl.envs.base import SingleAgentEnv, run_sync
 from multiagent_rl.rollout.health import RunStopped
 from multiagent_rl.models import ModelNotFoundError, load_model_and_tokenizer
-from multiagent_rl.data.sinks import load_episode_logs, read_episodes
+from multiagent_rl.data.sinks import load_episode_logs, read_episodes, read_records
 from multiagent_rl.training.trainer import MixedAlgorithmConfig, MixedAlgorithmTrainer
 
 
@@ -236,6 +236,35 @@ def test_a_run_where_every_episode_fails_stops_with_the_cause(tmp_path, tiny):
                                          r"scripted policy must return str, got int"):
         trainer.train()
     assert trainer.state.global_step == 2  # steps 0-2 played, none trained on
+
+
+class NoDeck(mrl.Env):
+    """Fails before any seat plays: no trace, so no Parquet row."""
+
+    name = "no_deck"
+    roles = ("agent",)
+
+    def sample_tasks(self, num, rng):
+        return [mrl.Task(mrl.TaskData(prompt="Deal.")) for _ in range(num)]
+
+    async def run(self, task, agents):
+        raise RuntimeError("the deck is empty")
+
+
+def test_episodes_that_fail_before_any_seat_plays_are_recorded_with_their_traceback(tmp_path, tiny):
+    trainer = trainer_for(tmp_path, tiny, {"env": [{"id": "no_deck", "instance": NoDeck(), "group_size": 2}]},
+                          max_steps=10, max_failed_steps=2, save_episodes=True)
+    with pytest.raises(RunStopped, match=r"every episode of env 'no_deck' failed in 2 consecutive steps") as stopped:
+        trainer.train()
+    assert "traces/failed-rank{r}.jsonl" in str(stopped.value)  # where to look, as the message says
+    records = list(read_records(tmp_path / "run" / "traces" / "failed-rank0.jsonl"))
+    assert [r["step"] for r in records] == [0] * 8 + [1] * 8
+    assert all(not r["ok"] and r["traces"] == [] and r["env"] == "no_deck" for r in records)
+    assert all("RuntimeError: the deck is empty" in r["errors"][0] and "Traceback" in r["errors"][0]
+               for r in records)
+    # a resumed run forgets the steps it replays, as the shards do
+    trainer.rollout.sink.resume(1)
+    assert [r["step"] for r in read_records(tmp_path / "run" / "traces" / "failed-rank0.jsonl")] == [0] * 8
 
 
 def test_a_stream_that_stays_empty_stops_the_run(tmp_path, tiny):

@@ -85,7 +85,8 @@ def load_episode_logs(paths: str | os.PathLike | list[str | os.PathLike]):
 
 
 class JsonlEpisodeSink:
-    """One JSON line per episode in ``folder/rank{rank}.jsonl``, appended and flushed every step.
+    """One JSON line per episode in ``folder/rank{rank}.jsonl`` (or ``folder/filename``), appended and flushed every
+    step.
 
     ```pycon
     >>> sink = JsonlEpisodeSink("outputs/run/episodes", rank=0)  # doctest: +SKIP
@@ -93,8 +94,9 @@ class JsonlEpisodeSink:
     ```
     """
 
-    def __init__(self, folder: str | os.PathLike, rank: int = 0, env_ids: Mapping[str, str] | None = None):
-        self.path = Path(folder) / f"rank{rank}.jsonl"
+    def __init__(self, folder: str | os.PathLike, rank: int = 0, env_ids: Mapping[str, str] | None = None,
+                 filename: str | None = None):
+        self.path = Path(folder) / (filename or f"rank{rank}.jsonl")
         self.env_ids = dict(env_ids or {})
         """Env id per env label (the records' ``env_id``; a label not in it is recorded with a null id)."""
 

@@ -29,7 +29,9 @@ per token is a flat list aligned with ``token_ids``:
 [`dataset_to_episodes`][multiagent_rl.data.traces.dataset_to_episodes] are exact inverses (a test checks it).
 [`ParquetEpisodeSink`][multiagent_rl.data.traces.ParquetEpisodeSink] writes each step's traces as a zstd-compressed
 Parquet file, ``output_dir/traces/rank{r}/step-{step:06d}.parquet``, and merges every 100 of them into one shard,
-``steps-{first:06d}-{last:06d}.parquet`` ([`ParquetShards`][multiagent_rl.data.sinks.ParquetShards]); every file
+``steps-{first:06d}-{last:06d}.parquet`` ([`ParquetShards`][multiagent_rl.data.sinks.ParquetShards]), and the
+record of each episode that failed before any seat finished (it has no trace, so no row) to
+``output_dir/traces/failed-rank{r}.jsonl``; every file
 carries the schema version ([`SCHEMA_VERSION`][multiagent_rl.data.traces.SCHEMA_VERSION]) in its Parquet metadata.
 [`load_traces`][multiagent_rl.data.traces.load_traces] reads any number of runs, a flat folder of shards or one
 shard file, and names the file and the columns when one is not a trace shard of this version.
@@ -48,7 +50,8 @@ from typing import Any, Iterable
 from ..episodes.episode import Episode
 from ..episodes.records import episode_from_record, episode_record, number, task_from_record, trace_from_record
 from ..episodes.trace import Trace
-from .sinks import SOURCE_KEY, VERSION_KEY, ParquetShards, ShardError, ShardInfo, live_shards, read_records, shard_info
+from .sinks import (SOURCE_KEY, VERSION_KEY, JsonlEpisodeSink, ParquetShards, ShardError, ShardInfo, live_shards,
+                    read_records, shard_info)
 
 SCHEMA_VERSION = 2
 """The trace schema's version, stored in every shard's Parquet metadata and checked on load. 2 added ``env_id``;
@@ -174,18 +177,26 @@ class ParquetEpisodeSink:
         metadata = {VERSION_KEY: str(SCHEMA_VERSION).encode(), SOURCE_KEY: f"{run}/rank{rank}".encode()}
         self.shards = ParquetShards(self.folder, metadata, steps_per_shard, max_shard_bytes)
         self.folder.mkdir(parents=True, exist_ok=True)
+        # A row is a trace: an episode that failed before any seat finished has none, so its record (errors and
+        # traceback) goes to a JSON-lines file beside the shards instead of being lost.
+        self.failed = JsonlEpisodeSink(Path(folder), rank, self.env_ids, filename=f"failed-rank{rank}.jsonl")
 
     def write(self, episodes: list[Episode], step: int) -> None:
-        """Keep the traces of ``step``'s episodes (a step without traces writes nothing)."""
+        """Keep the traces of ``step``'s episodes, and the records of its episodes without any trace in
+        ``failed-rank{rank}.jsonl``."""
         import pyarrow as pa
 
         rows = [row for ep in episodes for row in trace_rows(ep, step, self.run, self.env_ids.get(ep.env))]
         if rows:
             self.shards.write(pa.Table.from_pylist(rows, schema=trace_features().arrow_schema), step)
+        traceless = [ep for ep in episodes if not ep.traces]
+        if traceless:
+            self.failed.write(traceless, step)
 
     def resume(self, step: int) -> None:
         """The run restarts at ``step``: keep exactly the rows of earlier steps (0: a fresh run, see above)."""
         self.shards.resume(step)
+        self.failed.resume(step)
 
     def close(self) -> None:
         """Merge the last steps' files into one shard (a run that ends without it leaves them as they are)."""
@@ -368,8 +379,6 @@ def episode_sink(output_dir: str | None, episode_format: str, rank: int, experim
         return None
     ids = env_ids(experiment) if experiment is not None else None
     if episode_format == "jsonl":
-        from .sinks import JsonlEpisodeSink
-
         return JsonlEpisodeSink(os.path.join(output_dir, "episodes"), rank, env_ids=ids)
     return ParquetEpisodeSink(os.path.join(output_dir, "traces"), rank,
                               run=os.path.basename(os.path.normpath(output_dir)), env_ids=ids)

@@ -83,7 +83,10 @@ class RunHealth:
                     raise RunStopped(
                         f"every episode of env {env!r} failed in {self._failed[env]} consecutive steps "
                         f"({len(eps)} in the last one), so nothing trains. Most common error ({n}x): {error}. "
-                        "Fix the environment or the seat bindings (the episode log has every error and traceback); "
+                        "Fix the environment or the seat bindings (every failed episode's errors and traceback are in the "
+                        "episode log: episode_errors in output_dir/traces/, and traces/failed-rank{r}.jsonl for "
+                        "those that failed before any seat finished; output_dir/episodes/ with episode_format "
+                        "jsonl); "
                         "`max_failed_steps` sets how many such steps are tolerated."
                     )
             else:
