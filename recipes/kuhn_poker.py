@@ -262,7 +262,9 @@ def main(argv=None) -> dict:
         "final_invalid_reply_rate": final.get("invalid_reply_rate"),
         "warmup_check": check.report if check else None,
         "episodes": trainer.rollout.episodes_played,
-        "seconds": final.get("seconds"),
+        # from the evaluation's creation (model loaded) to the last evaluation point: training time, without the
+        # loading before it and this summary's reports after it
+        "seconds_to_last_evaluation": final.get("seconds"),
         "report": evaluation_report(read_policy(model, trainer.tokenizer, legal_choices=legal_choices)),
         "avg_report": evaluation_report(evaluation.average.table()) if len(evaluation.average) else None,
         "curve": evaluation.points,

@@ -98,7 +98,23 @@ def summarize(rows: list[dict], points: list[dict], levels: list[int], args, val
         "difficulty_last_quarter": {d: mean(f"curriculum/L{d}", last) for d in levels},
         "held_out_first": points[0] if points else None,
         "held_out_last": points[-1] if points else None,
+        "explained": SUMMARY_KEYS,
     }
+
+
+SUMMARY_KEYS = {
+    "validity_after_warmup": "share of 128 proposals sampled in free text (no menu) that parse, once the warm-up "
+                             "ends: a check of what the warm-up taught, not of training (training proposes through "
+                             "the menu of one problem per level, where every proposal parses)",
+    "curriculum_validity_last_quarter": "share of valid proposals in training, last quarter of the RL steps",
+    "learnability_last_quarter": "mean learnability 4p(1-p) of the trained proposer's problems, last quarter",
+    "uniform_learnability_last_quarter": "the same for the uniform probe proposer (the no-curriculum baseline)",
+    "learnability_ratio": "learnability_last_quarter / uniform_learnability_last_quarter; null when the probe's is "
+                          "0 or missing (every probe problem always or never solved: no ratio to take)",
+    "difficulty_last_quarter": "share of the trained proposer's problems at each level, last quarter",
+    "held_out_first, held_out_last": "greedy solve accuracy per level on the held-out set, first and last point",
+}
+"""What each key of the summary's measurements means (also written into ``summary.json`` as ``explained``)."""
 
 
 def main(argv=None) -> dict:

@@ -81,3 +81,14 @@ def test_the_docs_say_how_to_push_and_how_traces_are_written():
                    'model == "policy"', "env_id", "--played-by"):
         assert needed in section, needed
     assert not re.search(r"kuhn_selfplay|kuhn_warmup|\bdialogue\b", section)
+
+
+def test_every_measurement_of_the_proposer_solver_summary_is_explained():
+    import proposer_solver
+
+    args = argparse.Namespace(warmup_steps=1)
+    rows = [{"step": 2, "curriculum/learnability": 0.5, "uniform_probe/learnability": 0.0, "curriculum/valid": 1.0}]
+    summary = proposer_solver.summarize(rows, [], [1, 2], args, validity=0.0)
+    assert summary["learnability_ratio"] is None  # the probe's learnability is 0: no ratio, and the key says so
+    explained = {k.strip() for key in summary["explained"] for k in key.split(",")}
+    assert set(summary) - {"explained"} == explained

@@ -7,7 +7,7 @@ per token is a flat list aligned with ``token_ids``:
 | column | meaning |
 |---|---|
 | run | the run's name (``output_dir``'s folder name unless given) |
-| step | the training step that played the episode |
+| step | the optimizer steps taken before the episode was played (0 for the first; the console's ``step k`` line trains on the episodes of ``step`` k − 1) |
 | episode, group | the episode's id and its task group's id; ``trace_index``: the trace's place in it |
 | env, env_id | the label of the config's env entry (``kuhn_poker_warmup``) and the environment's id (``kuhn_poker``; null where the writer was not told it) |
 | role, model | the seat, the model that played it (``policy`` = the trained one, ``scripted``, a teacher's id) |

@@ -22,7 +22,8 @@ class GameEvaluation(TrainerCallback):
     each reading joins the reach-weighted average policy with linear weights (as in CFR+: later, better policies
     weigh more). The exploitability of both goes into the trainer's log as ``eval/{name}/exploitability`` and
     ``eval/{name}/avg_exploitability`` (printed on the console line) and into `points`; the average and the
-    curve travel in checkpoints, so a resumed run continues the same curve. Set ``evaluation.trainer = trainer``
+    curve travel in checkpoints, so a resumed run continues the same curve. A point's ``seconds`` count from the
+    callback's creation (after the model is loaded) to that point, resumed runs included. Set ``evaluation.trainer = trainer``
     once the trainer is built."""
 
     name: str = ""
