@@ -246,7 +246,7 @@ def test_a_killed_server_fails_its_episodes_and_the_run_stops(tiny_path, oracle,
     trainer.rollout.play = play
     started = time.time()
     with pytest.raises(RunStopped, match=r"every episode of env 'kuhn_poker' failed in 2 consecutive steps.*"
-                                         r"EndpointError: endpoint 'opp' \(\[endpoints\.opp\].*nothing answers at "
+                                         r"EndpointError: seat 'player_1': endpoint 'opp' \(\[endpoints\.opp\].*nothing answers at "
                                          r"http://127\.0\.0\.1:\d+/v1/completions \(connection refused, 2 tries\)\. "
                                          r"Is the server up\? Start it with: python -m vllm\.entrypoints"):
         trainer.train()
