@@ -194,6 +194,8 @@ def parse(argv=None) -> tuple[argparse.Namespace, set[str]]:
     p.add_argument("--free-text", action="store_true", default=None,
                    help="free-text replies (invalid ones re-prompted, then forfeited) instead of the legal-action harness")
     p.add_argument("--eval-every", type=int, default=10, help="steps between exact evaluations (and log lines)")
+    p.add_argument("--eval-at-start", action="store_true",
+                   help="also evaluate the untrained model before the first step (summary: 'before')")
     p.add_argument("--save-every", type=int, default=100, help="steps between checkpoints (0: none)")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --output-dir")
     p.add_argument("--output-dir", help="where everything is written (default outputs/kuhn_poker)")
@@ -235,7 +237,7 @@ def main(argv=None) -> dict:
         trainer_cfg["save_strategy"] = "no"
     stops = [e.stop_step for e in config.env if e.stop_step is not None]
     warmup = max(stops, default=0)
-    evaluation = KuhnEvaluation(args.eval_every, start_step=warmup)
+    evaluation = KuhnEvaluation(args.eval_every, start_step=warmup, at_start=args.eval_at_start)
     teacher = warmup_teacher(config) if warmup else None
     check = WarmupCheck(warmup, teacher, evaluation) if teacher else None
     trainer = MixedAlgorithmTrainer(config, callbacks=[evaluation, *([check] if check else [])])
@@ -257,6 +259,7 @@ def main(argv=None) -> dict:
         "legal_choices": legal_choices,
         "steps": trainer.state.global_step,
         "interrupted": interrupted is not None,
+        "before": evaluation.points[0] if args.eval_at_start and evaluation.points else None,
         "final_exploitability": final.get("exploitability"),
         "final_avg_exploitability": final.get("avg_exploitability"),
         "final_invalid_reply_rate": final.get("invalid_reply_rate"),

@@ -2,6 +2,7 @@
 
     python recipes/proposer_solver.py                      # tiny model, CPU (docs/proposer_solver_results.md)
     python recipes/proposer_solver.py --proposer uniform   # the baseline: solvers trained on uniform proposals
+    python recipes/proposer_solver.py --model smollm2-135m --lora 16 --free-text   # a real chat model, free text
 
 One policy plays both roles. Phase 1 (``--warmup-steps``) imitates, with ``sft``, a scripted proposer that
 writes a JSON proposal of uniformly random difficulty and a scripted solver that is right 30% of the time at
@@ -9,7 +10,10 @@ every level (``--warmup-solver-accuracy``; it teaches the formats and to read th
 within their episode, proposers across the task group): solvers get 1 for the right answer, the proposer the
 learnability 4p(1−p) of its problem. The proposer chooses from a menu of one problem per difficulty level
 (``ProposerSolverEnv(menu=True)``: its free token is the difficulty), since the embedded tiny model cannot
-compute the answers it would have to write in free text.
+compute the answers it would have to write in free text. ``--free-text`` is for a pretrained chat model: the
+proposer writes its problem and answer as JSON (checked: a wrong answer makes the proposal invalid), both roles
+are asked with the env's ``"instructed"`` prompts, sampling is at ``--temperature`` 0.7 and there is no warm-up
+unless ``--warmup-steps`` asks for one.
 
 Measured along the way: the validity of free-text proposals right after the warm-up (sampled from the
 policy), and per logging step the mean learnability of the trained proposer's problems and, on the same
@@ -40,13 +44,17 @@ def experiment(args) -> ExperimentConfig:
     """The run as one config object (the same schema as a TOML experiment)."""
     levels = args.levels
     game = {"solvers": args.solvers, "levels": levels, "topics": [args.topic]}
+    if args.free_text:
+        game |= {"prompts": "instructed", "verify": True, "proposal_tokens": PROPOSAL_TOKENS,
+                 "answer_tokens": ANSWER_TOKENS}
+    menu = not args.free_text
     imitate = {"model": "scripted", "algo": {"type": "sft"}}
     uniform = {"model": "scripted", "policy": f"{ENV}:uniform_proposer"}
     envs = [
-        {"id": "proposer_solver", "name": "curriculum", "args": {**game, "menu": True}, "group_size": args.group_size,
+        {"id": "proposer_solver", "name": "curriculum", "args": {**game, "menu": menu}, "group_size": args.group_size,
          "roles": {} if args.proposer == "trained" else {"proposer": uniform}},
         # the same solver on a uniform proposer's problems, not trained on: the learnability baseline
-        {"id": "proposer_solver", "name": "uniform_probe", "args": {**game, "menu": True},
+        {"id": "proposer_solver", "name": "uniform_probe", "args": {**game, "menu": menu},
          "group_size": args.group_size, "weight": args.probe_weight,
          "roles": {"proposer": uniform, "solver": {"trainable": False}}},
     ]
@@ -65,11 +73,15 @@ def experiment(args) -> ExperimentConfig:
             "output_dir": args.output_dir, "max_steps": args.steps, "learning_rate": args.lr,
             "lr_scheduler_type": "constant", "groups_per_step": args.groups_per_step, "seed": args.seed,
             "report_to": args.report_to, "logging_steps": args.log_every, "disable_tqdm": False,
-            "max_completion_length": 40,
+            "max_completion_length": 40, "temperature": args.temperature,
             "save_strategy": "steps" if args.save_every else "no", "save_steps": args.save_every or 500,
             "save_total_limit": 2,
         },
     })
+
+
+PROPOSAL_TOKENS, ANSWER_TOKENS = 48, 16
+"""Reply lengths with --free-text: a chat model's JSON proposal and a number (with room for "3 + 4 = 7")."""
 
 
 def warmup_solver(accuracy: float) -> dict:
@@ -80,7 +92,7 @@ def warmup_solver(accuracy: float) -> dict:
     return {"policy": f"{ENV}:accurate_solver", "policy_args": {"accuracy": accuracy}}
 
 
-def summarize(rows: list[dict], points: list[dict], levels: list[int], args, validity) -> dict:
+def summarize(rows: list[dict], points: list[dict], levels: list[int], args, validity, validity_at_end=None) -> dict:
     rl = [r for r in rows if r["step"] > args.warmup_steps]
     last = rl[-max(1, len(rl) // 4):] if rl else []
 
@@ -91,6 +103,7 @@ def summarize(rows: list[dict], points: list[dict], levels: list[int], args, val
     trained, probe = mean("curriculum/learnability", last), mean("uniform_probe/learnability", last)
     return {
         "validity_after_warmup": validity,
+        "validity_at_end": validity_at_end,
         "curriculum_validity_last_quarter": mean("curriculum/valid", last),
         "learnability_last_quarter": trained,
         "uniform_learnability_last_quarter": probe,
@@ -104,15 +117,18 @@ def summarize(rows: list[dict], points: list[dict], levels: list[int], args, val
 
 SUMMARY_KEYS = {
     "validity_after_warmup": "share of 128 proposals sampled in free text (no menu) that parse, once the warm-up "
-                             "ends: a check of what the warm-up taught, not of training (training proposes through "
-                             "the menu of one problem per level, where every proposal parses)",
+                             "ends (before training when there is none): without --free-text a check of what the "
+                             "warm-up taught, not of training (training proposes through the menu of one problem "
+                             "per level, where every proposal parses)",
+    "validity_at_end": "the same share after the last step",
     "curriculum_validity_last_quarter": "share of valid proposals in training, last quarter of the RL steps",
     "learnability_last_quarter": "mean learnability 4p(1-p) of the trained proposer's problems, last quarter",
     "uniform_learnability_last_quarter": "the same for the uniform probe proposer (the no-curriculum baseline)",
     "learnability_ratio": "learnability_last_quarter / uniform_learnability_last_quarter; null when the probe's is "
                           "0 or missing (every probe problem always or never solved: no ratio to take)",
     "difficulty_last_quarter": "share of the trained proposer's problems at each level, last quarter",
-    "held_out_first, held_out_last": "greedy solve accuracy per level on the held-out set, first and last point",
+    "held_out_first, held_out_last": "greedy solve accuracy per level on the held-out set, before training (step "
+                                      "0) and after the last step",
 }
 """What each key of the summary's measurements means (also written into ``summary.json`` as ``explained``)."""
 
@@ -123,7 +139,13 @@ def main(argv=None) -> dict:
     p.add_argument("--proposer", choices=("trained", "uniform"), default="trained",
                    help="'uniform' keeps the proposer scripted (uniform difficulty): the no-curriculum baseline")
     p.add_argument("--steps", type=int, default=700, help="training steps, warm-up included")
-    p.add_argument("--warmup-steps", type=int, default=300, help="sft steps imitating the scripted roles (0: none)")
+    p.add_argument("--warmup-steps", type=int, default=None,
+                   help="sft steps imitating the scripted roles (0: none). Default 300; 0 with --free-text")
+    p.add_argument("--free-text", action="store_true",
+                   help="the proposer writes problem and answer in free text (verified) instead of choosing from a "
+                        "menu, with the env's 'instructed' prompts: for a pretrained chat model")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="sampling temperature of the policy (trained at it). Default 1; 0.7 with --free-text")
     p.add_argument("--levels", type=int, nargs="+", default=[1, 2, 3, 4, 5, 6], help="the difficulty levels proposed")
     p.add_argument("--topic", default="addition", help="the kind of problem")
     p.add_argument("--solvers", type=int, default=4, help="solver attempts per proposal")
@@ -147,9 +169,15 @@ def main(argv=None) -> dict:
     add_hub_flags(p)
     add_lora_flag(p)
     args = p.parse_args(argv)
+    if args.warmup_steps is None:
+        args.warmup_steps = 0 if args.free_text else 300
+    if args.temperature is None:
+        args.temperature = 0.7 if args.free_text else 1.0
 
     config = experiment(args)
-    evaluation = SolverEvaluation(args.eval_every, args.levels, args.topic, args.warmup_steps)
+    text = {"prompts": "instructed", "answer_tokens": ANSWER_TOKENS, "proposal_tokens": PROPOSAL_TOKENS,
+            "temperature": args.temperature} if args.free_text else {}
+    evaluation = SolverEvaluation(args.eval_every, args.levels, args.topic, args.warmup_steps, **text)
     trainer = MixedAlgorithmTrainer(config, callbacks=[evaluation])
     evaluation.trainer = trainer
     interrupted = train(trainer, resume=args.resume)
@@ -157,7 +185,8 @@ def main(argv=None) -> dict:
     summary = {
         "command": "python recipes/proposer_solver.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "proposer": args.proposer, "steps": trainer.state.global_step, "interrupted": interrupted is not None,
-        **summarize(rows, evaluation.points, args.levels, args, evaluation.validity_after_warmup),
+        **summarize(rows, evaluation.points, args.levels, args, evaluation.validity_after_warmup,
+                    evaluation.validity_at_end),
         "curves": rows, "held_out": evaluation.points,
     }
     finish(trainer, summary, lambda path: plot_curriculum(rows, evaluation.points, args.levels, path), "curriculum.png",

@@ -57,7 +57,7 @@ def experiment(args) -> ExperimentConfig:
             "output_dir": args.output_dir, "max_steps": args.steps, "learning_rate": args.lr,
             "lr_scheduler_type": "constant", "groups_per_step": args.groups_per_step, "seed": args.seed,
             "report_to": args.report_to, "logging_steps": args.log_every, "disable_tqdm": False,
-            "max_completion_length": args.reply_tokens, "save_strategy": "no",
+            "max_completion_length": args.reply_tokens, "save_strategy": "no", "temperature": args.temperature,
         },
     })
 
@@ -84,6 +84,9 @@ def main(argv=None) -> dict:
     p.add_argument("--user", choices=("scripted", "model"), default="scripted",
                    help="who plays the user in training: the scripted user, or --model itself, frozen, from each "
                         "persona's prompt (held-out evaluation always uses the scripted user)")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="sampling temperature of the assistant (trained at it). Default 1; 0.7 with --free-text, "
+                        "where a small chat model's replies at 1 drift off topic")
     p.add_argument("--user-temperature", type=float, default=0.7, help="sampling temperature of a model-played user")
     p.add_argument("--reply-tokens", type=int, default=24, help="most tokens of one assistant reply")
     p.add_argument("--eval-at-start", action="store_true", help="also evaluate the untrained model (step 0)")
@@ -100,6 +103,8 @@ def main(argv=None) -> dict:
     add_hub_flags(p)
     add_lora_flag(p)
     args = p.parse_args(argv)
+    if args.temperature is None:
+        args.temperature = 0.7 if args.free_text else 1.0
 
     evaluation = UserSimEvaluation(args.eval_every, args.warmup_steps, per_persona=args.per_persona,
                                    max_turns=args.max_turns, menu=not args.free_text, reply_tokens=args.reply_tokens,

@@ -128,3 +128,20 @@ def test_the_fresh_optimizer_refuses_deepspeed_however_it_was_configured(monkeyp
     monkeypatch.setattr(callbacks, "AcceleratorState", lambda: SimpleNamespace(distributed_type=DistributedType.DEEPSPEED))
     with pytest.raises(ValueError, match="DeepSpeed"):
         callbacks.FreshOptimizerState([1]).on_train_begin(SimpleNamespace(deepspeed=None), None, None)
+
+
+def test_eval_at_start_scores_the_untrained_policy_before_the_first_step(config_file, tmp_path):
+    """The step-0 point is the untrained model's exact exploitability (read here from a fresh load of the embedded
+    model); nothing has been played yet, so it has no invalid-reply rate."""
+    from multiagent_rl.envs.kuhn_poker.evaluation import exploitability_of, read_policy
+    from multiagent_rl.models import load_model_and_tokenizer
+
+    torch.set_num_threads(1)
+    out = tmp_path / "run"
+    summary = recipe.main(["--config", str(config_file), "--steps", "1", "--eval-every", "1", "--save-every", "0",
+                           "--eval-at-start", "--report-to", "--output-dir", str(out)])
+    before = summary["before"]
+    assert before["step"] == 0 and before["episodes"] == 0 and before["invalid_reply_rate"] is None
+    assert [p["step"] for p in summary["curve"]] == [0, 1]
+    model, tokenizer = load_model_and_tokenizer("tiny")
+    assert before["exploitability"] == pytest.approx(exploitability_of(read_policy(model, tokenizer)), abs=1e-6)

@@ -13,7 +13,7 @@ import multiagent_rl as mrl
 from multiagent_rl.algorithms import build_algorithm
 from multiagent_rl.envs.base import play_episodes, run_sync
 from multiagent_rl.envs import proposer_solver as ps
-from multiagent_rl.envs.proposer_solver.problems import LEVELS, evaluate, level_of, make_problem
+from multiagent_rl.envs.proposer_solver.problems import LEVELS, TOPICS, evaluate, level_of, make_problem
 from multiagent_rl.envs.proposer_solver.rewards import absolute_zero, learnability, r_zero
 from multiagent_rl.training.trainer import MixedAlgorithmConfig, MixedAlgorithmTrainer
 
@@ -176,3 +176,18 @@ def test_one_policy_for_both_roles_or_a_frozen_solver_model(tmp_path, tiny):
     assert "proposer_solver/proposer/hierarchical_grpo/valid" in logged
     assert "proposer_solver/solver/untrained/correct" in logged
     assert torch.isfinite(torch.tensor(logged["loss"]))
+
+
+@pytest.mark.parametrize("topic", sorted(TOPICS))
+def test_the_instructed_proposer_prompt_shows_a_valid_verified_proposal(topic):
+    """The worked example a chat model is shown is itself a proposal the env accepts with verify=True."""
+    prompt = ps.proposer_prompt(topic, "instructed")
+    problem, answer = ps.parse_proposal(prompt[:-1])  # the prompt ends with the example and a full stop
+    assert evaluate(problem) == answer
+    assert "number only" in ps.solver_prompt("3 + 4", "instructed")
+    assert ps.solver_prompt("3 + 4") == "Solve: 3 + 4 = ?"  # the default wording is unchanged
+
+
+def test_an_unknown_prompt_wording_is_refused_with_the_choices():
+    with pytest.raises(ValueError, match=r"prompts='chatty': one of 'short', 'instructed'"):
+        ps.ProposerSolverEnv(prompts="chatty")

@@ -66,12 +66,28 @@ def test_env_labels_are_the_env_id_and_its_warmup():
     assert labels(ExperimentConfig.model_validate(leduc_poker.experiment(leduc))) == ["leduc_poker_warmup",
                                                                                       "leduc_poker"]
     users = argparse.Namespace(**common, patience=0.3, max_turns=6, log_every=1, free_text=False, user="scripted",
-                               user_temperature=0.7, reply_tokens=24)
+                               user_temperature=0.7, reply_tokens=24, temperature=1.0)
     assert labels(user_sim.experiment(users)) == ["user_sim_warmup", "user_sim"]
     ps = argparse.Namespace(**common, levels=[1, 2], topic="addition", solvers=2, proposer="trained",
-                            probe_weight=0.25, warmup_solver_accuracy=0.3, entropy_coef=0.0, log_every=1, save_every=0)
+                            probe_weight=0.25, warmup_solver_accuracy=0.3, entropy_coef=0.0, log_every=1, save_every=0,
+                            free_text=False, temperature=1.0)
     # the two trained entries keep their names (the proposer-solver evaluation reads its metrics by them)
     assert labels(proposer_solver.experiment(ps)) == ["proposer_solver_warmup", "curriculum", "uniform_probe"]
+
+
+def test_proposer_solver_free_text_drops_the_menu_and_checks_answers():
+    import proposer_solver
+
+    common = {"model": "smollm2-135m", "steps": 10, "warmup_steps": 0, "group_size": 2, "groups_per_step": 1,
+              "lr": 1e-4, "warmup_lr": 1e-3, "seed": 0, "output_dir": "x", "report_to": [], "lora": 16}
+    ps = argparse.Namespace(**common, levels=[1, 2], topic="addition", solvers=2, proposer="trained",
+                            probe_weight=0.25, warmup_solver_accuracy=0.3, entropy_coef=0.0, log_every=1, save_every=0,
+                            free_text=True, temperature=0.7)
+    config = proposer_solver.experiment(ps)
+    assert [e.name for e in config.env] == ["curriculum", "uniform_probe"]  # no warm-up entry
+    for entry in config.env:
+        assert entry.args["menu"] is False and entry.args["verify"] is True and entry.args["prompts"] == "instructed"
+    assert config.trainer["temperature"] == 0.7
 
 
 def test_the_docs_say_how_to_push_and_how_traces_are_written():
@@ -92,3 +108,18 @@ def test_every_measurement_of_the_proposer_solver_summary_is_explained():
     assert summary["learnability_ratio"] is None  # the probe's learnability is 0: no ratio, and the key says so
     explained = {k.strip() for key in summary["explained"] for k in key.split(",")}
     assert set(summary) - {"explained"} == explained
+
+
+def test_proposer_solver_free_text_measures_before_and_after(tmp_path):
+    """--free-text on the tiny model (it cannot write the JSON, which is the point: the numbers are measured, not
+    assumed): validity before training and after the last step, held-out accuracy at step 0 and at the end."""
+    import proposer_solver
+    import torch
+
+    torch.set_num_threads(1)
+    summary = proposer_solver.main(["--free-text", "--steps", "1", "--levels", "1", "2", "--solvers", "2",
+                                    "--group-size", "2", "--groups-per-step", "2", "--eval-every", "1",
+                                    "--output-dir", str(tmp_path / "run")])
+    assert summary["held_out_first"]["step"] == 0 and summary["held_out_last"]["step"] == 1
+    assert 0.0 <= summary["validity_after_warmup"] <= 1.0 and 0.0 <= summary["validity_at_end"] <= 1.0
+    assert [p["step"] for p in summary["held_out"]] == [0, 1]

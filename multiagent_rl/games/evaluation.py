@@ -23,14 +23,15 @@ class GameEvaluation(TrainerCallback):
     weigh more). The exploitability of both goes into the trainer's log as ``eval/{name}/exploitability`` and
     ``eval/{name}/avg_exploitability`` (printed on the console line) and into `points`; the average and the
     curve travel in checkpoints, so a resumed run continues the same curve. A point's ``seconds`` count from the
-    callback's creation (after the model is loaded) to that point, resumed runs included. Set ``evaluation.trainer = trainer``
-    once the trainer is built."""
+    callback's creation (after the model is loaded) to that point, resumed runs included. ``at_start=True`` also
+    reads the untrained policy before the first step (a step-0 point, printed, not logged: the trainer's log starts
+    at step 1). Set ``evaluation.trainer = trainer`` once the trainer is built."""
 
     name: str = ""
     """The metric prefix: ``eval/{name}/...``."""
 
-    def __init__(self, every: int, start_step: int = 0):
-        self.every, self.start_step = every, start_step
+    def __init__(self, every: int, start_step: int = 0, at_start: bool = False):
+        self.every, self.start_step, self.at_start = every, start_step, at_start
         self.average = self.new_average()
         self.points: list[dict] = []
         self.trainer = None
@@ -65,10 +66,25 @@ class GameEvaluation(TrainerCallback):
         self.points = list(state["points"])
         self.started = time.time() - float(state["seconds"])
 
+    def on_train_begin(self, args, state, control, **kwargs):
+        if not self.at_start or self.points:  # resumed: the curve has its start already
+            return
+        point = self.evaluate(state.global_step)
+        if self.trainer.accelerator.is_main_process:
+            shown = "  ".join(f"{key} {point[key]:.4g}" for key in self.logged if point.get(key) is not None)
+            print(f"before training (step {point['step']}): {shown}", flush=True)
+
     def on_step_end(self, args, state, control, **kwargs):
         step = state.global_step
         if step % self.every and step != state.max_steps:
             return
+        point = self.evaluate(step)
+        for key in self.logged:
+            if point[key] is not None:
+                self.trainer.record_metric(f"eval/{self.name}/{key}", point[key])
+
+    def evaluate(self, step: int) -> dict[str, Any]:
+        """Read and score the policy now; the point joins `points` (and the average from ``start_step`` on)."""
         trainer = self.trainer
         model = trainer.accelerator.unwrap_model(trainer.model)
         table = self.read(model, trainer.tokenizer)
@@ -79,6 +95,4 @@ class GameEvaluation(TrainerCallback):
                  "avg_exploitability": self.exploitability(self.average.table()) if len(self.average) else None,
                  **self.extra(trainer, model, table)}
         self.points.append(point)
-        for key in self.logged:
-            if point[key] is not None:
-                trainer.record_metric(f"eval/{self.name}/{key}", point[key])
+        return point

@@ -176,8 +176,9 @@ class KuhnEvaluation(GameEvaluation):
     name = "kuhn"
     logged = ("exploitability", "avg_exploitability", "invalid_reply_rate")
 
-    def __init__(self, every: int, start_step: int = 0, reply_tokens: int = 1, legal_choices: bool = False):
-        super().__init__(every, start_step)
+    def __init__(self, every: int, start_step: int = 0, reply_tokens: int = 1, legal_choices: bool = False,
+                 at_start: bool = False):
+        super().__init__(every, start_step, at_start)
         self.reply_tokens, self.legal_choices = reply_tokens, legal_choices
 
     def new_average(self) -> AveragePolicy:
@@ -196,7 +197,8 @@ class KuhnEvaluation(GameEvaluation):
         traces = [t for ep in rollout.last_episodes if ep.env in labels for t in ep.traces if t.model == "policy"]
         decisions = sum(len(t.messages) // 2 for t in traces)
         return {"invalid_mass": invalid_mass(raw),
-                "invalid_reply_rate": sum(t.metrics.get("invalid_replies", 0) for t in traces) / max(1, decisions),
+                "invalid_reply_rate": (sum(t.metrics.get("invalid_replies", 0) for t in traces) / decisions
+                                       if decisions else None),  # nothing played yet (a step-0 point)
                 "decisions": decisions}
 
 

@@ -12,6 +12,10 @@ One episode, as its rules:
 3. With p the solvers' solve rate, the proposer gets ``learnability`` 4p(1−p) (default), ``absolute_zero``
    1 − p (0 when p = 0) or ``r_zero`` min(p, 1 − p) ([`multiagent_rl.envs.proposer_solver.rewards.PROPOSER_REWARDS`][]).
 
+``prompts`` chooses the wording: ``"short"`` (the default, what the tiny model is trained on) or
+``"instructed"`` for a pretrained chat model in free text: the proposer is shown the JSON form with a worked
+example, the solver is asked for the number only (`PROMPTS`).
+
 ``menu=True`` constrains the proposal to a menu: one correct problem per difficulty level, generated from
 the task's seed and rendered as ``{"difficulty": d, "problem": "...", "answer": ...}``; the proposer's
 choice is then a choice of difficulty (the legal-action harness: the difficulty digit is its one free
@@ -39,14 +43,31 @@ from .problems import LEVELS, TOPICS, evaluate, level_of, make_problem
 from .rewards import PROPOSER_REWARDS, learnability
 
 ROLES = ("proposer", "solver")
+PROMPTS = ("short", "instructed")
+"""The prompt wordings: terse (the tiny model's) or explicit about the format (a pretrained chat model's)."""
 
 
-def proposer_prompt(topic: str) -> str:
-    return f"Propose a {topic} problem for the solvers. End with JSON: problem and answer."
+def proposer_prompt(topic: str, prompts: str = "short") -> str:
+    """What the proposer is asked (``prompts``: one of `PROMPTS`)."""
+    if _check_prompts(prompts) == "short":
+        return f"Propose a {topic} problem for the solvers. End with JSON: problem and answer."
+    example = f"12 {TOPICS[topic][0]} 7"
+    return (f"Write a new {topic} problem for a student, with its answer, as one line of JSON like "
+            f"{proposal_text(example, evaluate(example))}.")
 
 
-def solver_prompt(problem: str) -> str:
-    return f"Solve: {problem} = ?"
+def solver_prompt(problem: str, prompts: str = "short") -> str:
+    """What each solver is asked (``prompts``: one of `PROMPTS`)."""
+    if _check_prompts(prompts) == "short":
+        return f"Solve: {problem} = ?"
+    return f"What is {problem}? Reply with the number only."
+
+
+def _check_prompts(prompts: str) -> str:
+    if prompts not in PROMPTS:
+        raise ValueError(f"prompts={prompts!r}: one of {', '.join(map(repr, PROMPTS))} ('instructed' for a "
+                         f"pretrained chat model in free text)")
+    return prompts
 
 
 def proposal_text(problem: str, answer: int, difficulty: int | None = None) -> str:
@@ -82,7 +103,7 @@ class ProposerSolverEnv(Env):
 
     def __init__(self, solvers: int = 4, reward: str = "learnability", verify: bool = False, menu: bool = False,
                  topics: list[str] | tuple[str, ...] = ("addition",), levels: list[int] | None = None,
-                 proposal_tokens: int = 64, answer_tokens: int = 6):
+                 proposal_tokens: int = 64, answer_tokens: int = 6, prompts: str = "short"):
         if solvers < 1:
             raise ValueError(f"solvers={solvers}: at least one solver")
         if reward not in PROPOSER_REWARDS:
@@ -95,12 +116,13 @@ class ProposerSolverEnv(Env):
             raise ValueError(f"levels {self.levels}: choose from {sorted(LEVELS)}")
         self.solvers, self.reward, self.verify, self.menu = solvers, PROPOSER_REWARDS[reward], verify, menu
         self.topics, self.proposal_tokens, self.answer_tokens = tuple(topics), proposal_tokens, answer_tokens
+        self.prompts = _check_prompts(prompts)
 
     def sample_tasks(self, num: int, rng: random.Random) -> list[Task]:
         tasks = []
         for _ in range(num):
             topic = rng.choice(self.topics)
-            tasks.append(Task(TaskData(prompt=proposer_prompt(topic),
+            tasks.append(Task(TaskData(prompt=proposer_prompt(topic, self.prompts),
                                        info={"topic": topic, "seed": rng.randrange(2**31)})))
         return tasks
 
@@ -135,7 +157,7 @@ class ProposerSolverEnv(Env):
         proposer.info["proposer_solver"] = {"problem": problem, "answer": answer, "level": level}
 
     async def _solve(self, seat, problem: str, answer: int, level: int | None, k: int) -> float:
-        task = Task(TaskData(prompt=solver_prompt(problem), answer=str(answer), info={"level": level}))
+        task = Task(TaskData(prompt=solver_prompt(problem, self.prompts), answer=str(answer), info={"level": level}))
         async with seat.interaction(task, max_new_tokens=self.answer_tokens) as it:
             reply = await it.send(state={"problem": problem, "level": level})
         correct = float(last_integer(reply) == answer)

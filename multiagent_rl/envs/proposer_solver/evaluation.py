@@ -23,10 +23,11 @@ def held_out_problems(topic: str = "addition", per_level: int = 64, seed: int = 
     return {level: [make_problem(topic, level, rng) for _ in range(per_level)] for level in (levels or sorted(LEVELS))}
 
 
-def solve_accuracy(agent: Any, problems: dict[int, list[tuple[str, int]]]) -> dict[int, float]:
-    """Accuracy per level of ``agent`` (e.g. greedy: ``sampling={"temperature": 0}``) on ``problems``."""
+def solve_accuracy(agent: Any, problems: dict[int, list[tuple[str, int]]], prompts: str = "short") -> dict[int, float]:
+    """Accuracy per level of ``agent`` (e.g. greedy: ``sampling={"temperature": 0}``) on ``problems``, asked
+    with the env's ``prompts`` wording."""
     async def one(problem: str, answer: int) -> float:
-        trace = await single_turn(agent.interaction(Task(TaskData(prompt=solver_prompt(problem)))))
+        trace = await single_turn(agent.interaction(Task(TaskData(prompt=solver_prompt(problem, prompts)))))
         return float(last_integer(trace.last_reply or "") == answer)
 
     async def all_levels() -> dict[int, float]:
@@ -39,26 +40,35 @@ def solve_accuracy(agent: Any, problems: dict[int, list[tuple[str, int]]]) -> di
     return run_sync(all_levels())
 
 
-def free_text_validity(backend: Any, topic: str, n: int = 128, max_new_tokens: int = 40) -> float:
-    """The share of free-text proposals, sampled from ``backend`` at temperature 1, that parse."""
-    proposer = Agent(AgentConfig(model="policy", sampling={"max_new_tokens": max_new_tokens}), backend)
+def free_text_validity(backend: Any, topic: str, n: int = 128, max_new_tokens: int = 40, prompts: str = "short",
+                       temperature: float = 1.0) -> float:
+    """The share of free-text proposals, sampled from ``backend`` at ``temperature``, that parse."""
+    proposer = Agent(AgentConfig(model="policy", sampling={"max_new_tokens": max_new_tokens,
+                                                           "temperature": temperature}), backend)
+    prompt = proposer_prompt(topic, prompts)
 
     async def play():
-        return await asyncio.gather(*(proposer.run(Task(TaskData(prompt=proposer_prompt(topic)))) for _ in range(n)))
+        return await asyncio.gather(*(proposer.run(Task(TaskData(prompt=prompt))) for _ in range(n)))
 
     return sum(parse_proposal(t.last_reply or "") is not None for t in run_sync(play())) / n
 
 
 class SolverEvaluation(TrainerCallback):
-    """Greedy solve accuracy per difficulty level on a fixed held-out set, every ``every`` steps (``eval/ps/...``
-    metrics, `points`); and when the warm-up ends, the validity of free-text proposals sampled from the
-    policy. Its state travels in checkpoints."""
+    """Greedy solve accuracy per difficulty level on a fixed held-out set, before training and every ``every``
+    steps (``eval/ps/...`` metrics, `points`); the validity of free-text proposals sampled from the policy (at
+    ``temperature``) when the warm-up ends — before training when there is none — and after the last step.
+    ``prompts`` and ``answer_tokens`` are the env's. Its state travels in checkpoints."""
 
-    def __init__(self, every: int, levels: list[int], topic: str, warmup_steps: int, per_level: int = 48):
+    def __init__(self, every: int, levels: list[int], topic: str, warmup_steps: int, per_level: int = 48,
+                 prompts: str = "short", answer_tokens: int = 6, proposal_tokens: int = 40,
+                 temperature: float = 1.0):
         self.every, self.warmup_steps, self.topic = every, warmup_steps, topic
+        self.prompts, self.answer_tokens, self.proposal_tokens = prompts, answer_tokens, proposal_tokens
+        self.temperature = temperature
         self.problems = held_out_problems(topic, per_level=per_level, levels=levels)
         self.points: list[dict] = []
         self.validity_after_warmup: float | None = None
+        self.validity_at_end: float | None = None
         self.trainer = None
 
     def state_dict(self):
@@ -67,20 +77,35 @@ class SolverEvaluation(TrainerCallback):
     def load_state_dict(self, state):
         self.points, self.validity_after_warmup = list(state["points"]), state["validity_after_warmup"]
 
+    def validity(self) -> float:
+        return free_text_validity(self.trainer.rollout.policy, self.topic, max_new_tokens=self.proposal_tokens,
+                                  prompts=self.prompts, temperature=self.temperature)
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if self.points:  # resumed
+            return
+        self.evaluate(state.global_step)
+        if self.warmup_steps == 0 and self.validity_after_warmup is None:
+            self.validity_after_warmup = self.validity()
+
     def on_step_end(self, args, state, control, **kwargs):
         step = state.global_step
-        trainer = self.trainer
         if step == self.warmup_steps and self.validity_after_warmup is None:
-            self.validity_after_warmup = free_text_validity(trainer.rollout.policy, self.topic)
-            trainer.record_metric("eval/ps/free_text_validity", self.validity_after_warmup)
+            self.validity_after_warmup = self.validity()
+            self.trainer.record_metric("eval/ps/free_text_validity", self.validity_after_warmup)
+        if step == state.max_steps:
+            self.validity_at_end = self.validity()
         if step % self.every and step != state.max_steps:
             return
-        greedy = Agent(AgentConfig(model="policy", sampling={"temperature": 0.0, "max_new_tokens": 6}),
-                       trainer.rollout.policy)
-        accuracy = solve_accuracy(greedy, self.problems)
+        for level, acc in self.evaluate(step).items():
+            self.trainer.record_metric(f"eval/ps/accuracy_L{level}", acc)
+
+    def evaluate(self, step: int) -> dict[int, float]:
+        greedy = Agent(AgentConfig(model="policy", sampling={"temperature": 0.0, "max_new_tokens": self.answer_tokens}),
+                       self.trainer.rollout.policy)
+        accuracy = solve_accuracy(greedy, self.problems, self.prompts)
         self.points.append({"step": step, **{f"L{level}": acc for level, acc in accuracy.items()}})
-        for level, acc in accuracy.items():
-            trainer.record_metric(f"eval/ps/accuracy_L{level}", acc)
+        return accuracy
 
 
 def curves(log_history: list[dict], levels: list[int]) -> list[dict]:
@@ -121,7 +146,8 @@ def plot_curriculum(rows: list[dict], points: list[dict], levels: list[int], pat
     if xs:
         ax2.stackplot(xs, *[[r.get(f"curriculum/L{d}", 0) for r in rows if "curriculum/L1" in r] for d in levels],
                       labels=[f"level {d}" for d in levels])
-    ax2.set_xlabel("step"), ax2.set_title("proposed difficulty"), ax2.legend(fontsize=7, loc="lower left")
+        ax2.legend(fontsize=7, loc="lower left")
+    ax2.set_xlabel("step"), ax2.set_title("proposed difficulty")
     for d in levels:
         ax3.plot([p["step"] for p in points], [p[f"L{d}"] for p in points], marker="o", ms=2, label=f"level {d}")
     ax3.set_xlabel("step"), ax3.set_title("solver held-out accuracy (greedy)"), ax3.legend(fontsize=7)
@@ -132,7 +158,7 @@ def plot_curriculum(rows: list[dict], points: list[dict], levels: list[int], pat
 
 
 
-def evaluate(model, tokenizer, topic: str = "addition", per_level: int = 64) -> dict[str, float]:
+def evaluate(model, tokenizer, topic: str = "addition", per_level: int = 64, prompts: str = "short") -> dict[str, float]:
     """Greedy solve accuracy per level of a saved model as the solver, on the fixed held-out problems
     (``multiagent-rl eval proposer_solver --model PATH``)."""
     from ...backends import TransformersBackend
@@ -140,4 +166,4 @@ def evaluate(model, tokenizer, topic: str = "addition", per_level: int = 64) -> 
     backend = TransformersBackend(model.eval(), tokenizer, model_id="policy")
     solver = Agent(AgentConfig(model="policy", sampling={"temperature": 0.0, "max_new_tokens": 16}), backend)
     return {f"accuracy_level_{level}": value
-            for level, value in solve_accuracy(solver, held_out_problems(topic, per_level)).items()}
+            for level, value in solve_accuracy(solver, held_out_problems(topic, per_level), prompts).items()}
