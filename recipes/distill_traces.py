@@ -17,6 +17,8 @@ filter. All three (base, SFT on any traces, SFT on the best) are evaluated by ``
 
 - ``user_sim`` (default): greedy success per persona on held-out scenarios against the scripted user; the
   assistant's traces, best = success (reward ≥ 1).
+- ``proposer_solver``: the solver's greedy accuracy per difficulty level on the fixed held-out problems (asked
+  with ``--prompts``); the solvers' traces, best = right answers (reward ≥ 1).
 - ``kuhn_poker``: the exact exploitability of the distilled policy (read at all 12 information states as the
   legal-action harness plays it) and its expected chips against the Nash policy; both seats' traces, best = hands
   that won chips (reward ≥ 1).
@@ -91,7 +93,27 @@ def kuhn_poker_evaluation(args):
     return evaluate
 
 
-EVALUATIONS = {"user_sim": (user_sim_evaluation, "assistant"), "kuhn_poker": (kuhn_poker_evaluation, None)}
+def proposer_solver_evaluation(args):
+    """Greedy solve accuracy per difficulty level on the fixed held-out problems, asked with ``--prompts`` (the
+    wording the run's solvers were asked with), and its mean over the levels (higher is better)."""
+    from multiagent_rl.agents.agent import Agent, AgentConfig
+    from multiagent_rl.backends import TransformersBackend
+    from multiagent_rl.envs.proposer_solver.evaluation import held_out_problems, solve_accuracy
+
+    problems = held_out_problems(args.topic, per_level=args.per_level)
+
+    def evaluate(model, tokenizer) -> dict[str, float]:
+        greedy = Agent(AgentConfig(model="policy", sampling={"temperature": 0.0, "max_new_tokens": 16}),
+                       TransformersBackend(model.eval(), tokenizer))
+        accuracy = solve_accuracy(greedy, problems, args.prompts)
+        return {**{f"level_{level}": value for level, value in accuracy.items()},
+                "mean": sum(accuracy.values()) / len(accuracy)}
+
+    return evaluate
+
+
+EVALUATIONS = {"user_sim": (user_sim_evaluation, "assistant"), "kuhn_poker": (kuhn_poker_evaluation, None),
+               "proposer_solver": (proposer_solver_evaluation, "solver")}
 """``--eval`` choices: how a distilled model is scored, and the role whose traces are distilled by default
 (None: every role)."""
 
@@ -103,8 +125,10 @@ def main(argv=None) -> dict:
                         "the flag or list them")
     p.add_argument("--more-traces", nargs="+", action="extend", dest="traces", help=argparse.SUPPRESS)  # old spelling
     p.add_argument("--eval", choices=sorted(EVALUATIONS), default="user_sim", help="how models are scored")
-    p.add_argument("--env", help="an env id (user_sim, kuhn_poker) or an env entry's label; default: all")
-    p.add_argument("--role", help="whose traces (default: the assistant for user_sim, both seats for kuhn_poker)")
+    p.add_argument("--env", help="an env id (user_sim, kuhn_poker, proposer_solver) or an env entry's label; "
+                                 "default: all")
+    p.add_argument("--role", help="whose traces (default: the assistant for user_sim, both seats for kuhn_poker, "
+                                  "the solver for proposer_solver)")
     p.add_argument("--played-by", default="policy",
                    help="whose traces: 'policy' (the trained model; not a warm-up's scripted teacher), another "
                         "model name of the traces' model column, or 'any'")
@@ -116,6 +140,11 @@ def main(argv=None) -> dict:
     p.add_argument("--batch-size", type=int, default=32, help="SFT batch size")
     p.add_argument("--max-examples", type=int, default=2000, help="replies per condition (drawn at random)")
     p.add_argument("--per-persona", type=int, default=16, help="with --eval user_sim: held-out scenarios per persona")
+    p.add_argument("--prompts", default="short", choices=("short", "instructed"),
+                   help="with --eval proposer_solver: the solver prompt wording of the run ('instructed' for "
+                        "proposer_solver.py --free-text)")
+    p.add_argument("--topic", default="addition", help="with --eval proposer_solver: the held-out problems' kind")
+    p.add_argument("--per-level", type=int, default=48, help="with --eval proposer_solver: held-out problems per level")
     p.add_argument("--seed", type=int, default=0, help="seeds the draws and the fine-tuning")
     p.add_argument("--output-dir", default="outputs/distill_traces", help="summary.json, sft_any/, sft_best/")
     args = p.parse_args(argv)

@@ -71,3 +71,28 @@ def test_every_traces_flag_counts_and_only_the_policys_traces_are_distilled(tmp_
     assert summary["traces"] == len(policy)
     summary = distill_traces.main(common + ["--played-by", "any"])
     assert summary["traces"] == len(everything)
+
+
+def test_proposer_solver_traces_distil_into_solvers_scored_by_held_out_accuracy(tmp_path):
+    """The warm-up's scripted solver is right 30% of the time: its right answers are the best traces (taken with
+    --played-by any), and every model is scored by greedy accuracy per level on the fixed held-out problems."""
+    import proposer_solver
+
+    from multiagent_rl.agents.agent import Agent, AgentConfig
+    from multiagent_rl.backends import TransformersBackend
+    from multiagent_rl.envs.proposer_solver.evaluation import held_out_problems, solve_accuracy
+
+    run = tmp_path / "run"
+    proposer_solver.main(["--steps", "1", "--warmup-steps", "1", "--levels", "1", "2", "--solvers", "2",
+                          "--group-size", "4", "--groups-per-step", "4", "--eval-every", "1", "--output-dir", str(run)])
+    summary = distill_traces.main(["--eval", "proposer_solver", "--traces", str(run / "traces"), "--played-by", "any",
+                                   "--env", "proposer_solver_warmup", "--per-level", "8", "--max-examples", "16",
+                                   "--epochs", "1", "--batch-size", "8", "--output-dir", str(tmp_path / "out")])
+    assert summary["best_traces"] > 0 and summary["traces"] > summary["best_traces"]
+    model, tokenizer = load_model_and_tokenizer("tiny")
+    greedy = Agent(AgentConfig(model="policy", sampling={"temperature": 0.0, "max_new_tokens": 16}),
+                   TransformersBackend(model.eval(), tokenizer))
+    accuracy = solve_accuracy(greedy, held_out_problems("addition", per_level=8))
+    base = summary["results"]["base"]
+    assert {k: base[k] for k in base if k != "mean"} == {f"level_{level}": accuracy[level] for level in accuracy}
+    assert set(summary["results"]["sft_best"]) == set(base)
