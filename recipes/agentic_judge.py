@@ -19,6 +19,12 @@ Outputs in ``--output-dir``: ``summary.json``, ``judge.png``, the episodes, the 
 ``--judge-model vllm:http://HOST:8000/v1#MODEL`` puts a served model in the judge's seat (the tools harness
 drives it token by token, so a vLLM server; see docs/agentic_judge.md); the default is the scripted judge.
 
+``--train judge`` trains the judge instead (a pretrained chat model: ``--model smollm2-135m --lora 16``; the tiny
+model's 2,048 positions cannot hold the judge's prompt): the solver picks a random candidate (scripted), the
+judge explores the workspace with real tool calls and is rewarded by agreement with the candidate's ground-truth
+label, ``1 − |score − correct|`` (0 without a verdict that parses). Logged per step: the share of judge replies
+with a verdict that parses, of tool calls that ran without error, and agreement.
+
 ``--solver hostile`` replaces the solver by a scripted one that writes attacks instead of code (every attack of
 ``multiagent_rl.envs.agentic_judge.ATTACKS`` in turn: forged grades, FIFOs, deep trees, memory and disk hogs, fork
 bombs, ...), in write mode, judged by the scripted judge; nothing is trained (a tool-using judge's prompt does not fit
@@ -41,6 +47,8 @@ from multiagent_rl.training.run import (HelpFormatter, add_hub_flags, add_lora_f
 from multiagent_rl.training.trainer import MixedAlgorithmTrainer  # noqa: E402
 
 METRICS = ("judged_pass", "correct", "fooled_tests", "tests_pass", "judge_score", "tests")
+JUDGE_METRICS = ("verdict", "agrees", "tool_calls", "tool_errors")
+"""A trained judge's metrics (the judge's trace): verdict parsed, agreement with the label, calls, failed calls."""
 
 
 def experiment(args) -> ExperimentConfig:
@@ -48,6 +56,8 @@ def experiment(args) -> ExperimentConfig:
         {"task_weight": 1.0, "judge_weight": 0.0}
     if args.solver == "hostile":
         return hostile_experiment(args, weights)
+    if args.train == "judge":
+        return judge_experiment(args)
     if args.judge_model == "scripted":
         judge = {"model": "scripted", "policy": "multiagent_rl.envs.agentic_judge:examples_judge"}
     else:
@@ -62,6 +72,26 @@ def experiment(args) -> ExperimentConfig:
             "lr_scheduler_type": "constant", "groups_per_step": args.groups_per_step, "seed": args.seed,
             "report_to": args.report_to, "logging_steps": args.log_every, "disable_tqdm": False,
             "max_completion_length": 4, "save_strategy": "no",
+        },
+    })
+
+
+def judge_experiment(args) -> ExperimentConfig:
+    """The policy is the judge, rewarded by agreement with the ground-truth labels; a scripted solver picks random
+    candidates (half of each task's candidates are wrong, some written to pass every test)."""
+    return ExperimentConfig.model_validate({
+        "model": {"name": args.model, "lora": lora_config(args.lora)},
+        "algo": {"type": "grpo"},
+        "env": [{"id": "agentic_judge", "args": {"solver_mode": "choose", "judge_tokens": args.judge_tokens},
+                 "group_size": args.group_size,
+                 "roles": {"solver": {"model": "scripted", "policy": "multiagent_rl.envs.agentic_judge:random_solver",
+                                      "trainable": False},
+                           "judge": {"model": "policy", "trainable": True}}}],
+        "trainer": {
+            "output_dir": args.output_dir, "max_steps": args.steps, "learning_rate": args.lr,
+            "lr_scheduler_type": "constant", "groups_per_step": args.groups_per_step, "seed": args.seed,
+            "report_to": args.report_to, "logging_steps": args.log_every, "disable_tqdm": False,
+            "max_completion_length": args.judge_tokens, "save_strategy": "no", "temperature": args.temperature,
         },
     })
 
@@ -125,13 +155,13 @@ def attack_report(output_dir: str) -> dict:
     return {"attacks": dict(sorted(rows.items())), "left_on_the_machine": left}
 
 
-def curves(log_history: list[dict]) -> list[dict]:
-    """Per logging step, the solver's metrics (means over the step's episodes)."""
+def curves(log_history: list[dict], role: str = "solver") -> list[dict]:
+    """Per logging step, the trained ``role``'s metrics (means over the step's episodes)."""
     rows = []
     for h in log_history:
         row = {"step": h["step"]}
-        for key in METRICS:
-            found = [v for k, v in h.items() if k.startswith("agentic_judge/solver/") and k.endswith("/" + key)]
+        for key in METRICS if role == "solver" else JUDGE_METRICS:
+            found = [v for k, v in h.items() if k.startswith(f"agentic_judge/{role}/") and k.endswith("/" + key)]
             if found:
                 row[key] = found[0]
         if len(row) > 1:
@@ -139,13 +169,13 @@ def curves(log_history: list[dict]) -> list[dict]:
     return rows
 
 
-def summarize(rows: list[dict], first: int) -> dict:
+def summarize(rows: list[dict], first: int, keys: tuple[str, ...] = METRICS[:4]) -> dict:
     def mean(key, among):
         values = [r[key] for r in among if key in r]
         return sum(values) / len(values) if values else None
 
     start, last = rows[:first], rows[-max(1, len(rows) // 4):]
-    return {f"{key}_{part}": mean(key, among) for key in METRICS[:4]
+    return {f"{key}_{part}": mean(key, among) for key in keys
             for part, among in (("start", start), ("last_quarter", last))}
 
 
@@ -156,8 +186,12 @@ def plot(rows: list[dict], path: str, title: str) -> None:
     fig = Figure(figsize=(6, 4), dpi=110)
     FigureCanvasAgg(fig)
     ax = fig.subplots()
-    for key, label in (("judged_pass", "judged pass rate"), ("correct", "truly correct (labels)"),
-                       ("tests_pass", "passes all tests"), ("fooled_tests", "passes all tests, wrong")):
+    labels = (("judged_pass", "judged pass rate"), ("correct", "truly correct (labels)"),
+              ("tests_pass", "passes all tests"), ("fooled_tests", "passes all tests, wrong"),
+              ("verdict", "judge: verdict parses"), ("agrees", "judge: agrees with the label"))
+    for key, label in labels:
+        if not any(key in r for r in rows):
+            continue
         ax.plot([r["step"] for r in rows if key in r], [r[key] for r in rows if key in r], label=label)
     ax.set_xlabel("step")
     ax.set_ylim(-0.02, 1.02)
@@ -168,12 +202,19 @@ def plot(rows: list[dict], path: str, title: str) -> None:
 
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
-    p.add_argument("--model", default="tiny", help="the solver policy: 'tiny', a Hub id or a folder")
+    p.add_argument("--model", default="tiny",
+                   help="the policy: 'tiny', 'smollm2-135m', a Hub id or a folder (the judge needs a real model)")
     p.add_argument("--reward", choices=("judge", "tests"), default="judge",
                    help="the solver's reward: the judge's verdict, or the share of unit tests passed")
     p.add_argument("--solver", choices=("policy", "hostile"), default="policy",
                    help="'hostile': a scripted solver writes attacks instead of code (write mode), the scripted judge "
                         "judges them, nothing is trained: a check that the sandbox and the grading hold in a run")
+    p.add_argument("--train", choices=("solver", "judge"), default="solver",
+                   help="the seat the policy plays and trains: the solver (judged by --judge-model), or the judge "
+                        "(rewarded by agreement with the labels; a scripted solver picks random candidates)")
+    p.add_argument("--judge-tokens", type=int, default=256, help="with --train judge: most tokens per judge reply")
+    p.add_argument("--temperature", type=float, default=1.0,
+                   help="sampling temperature of the policy (trained at it); e.g. 0.7 for a small chat model judge")
     p.add_argument("--judge-model", default="scripted",
                    help="'scripted' (examples_judge) or a served model, e.g. vllm:http://HOST:8000/v1#MODEL")
     p.add_argument("--steps", type=int, default=120, help="training steps")
@@ -188,18 +229,25 @@ def main(argv=None) -> dict:
     add_hub_flags(p)
     add_lora_flag(p)
     args = p.parse_args(argv)
+    if args.train == "judge" and args.solver == "hostile":
+        p.error("--train judge with --solver hostile: the hostile run trains nothing; drop one of them")
+    if args.train == "judge" and args.model == "tiny":
+        p.error("--train judge needs a model whose context holds the judge's prompt (~2,000-2,400 tokens; the tiny "
+                "model has 2,048 positions): e.g. --model smollm2-135m --lora 16")
 
     trainer = MixedAlgorithmTrainer(experiment(args))
     interrupted = train(trainer)
-    rows = curves(trainer.state.log_history)
+    rows = curves(trainer.state.log_history, args.train)
     summary = {
         "command": "python recipes/agentic_judge.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "reward": args.reward, "steps": trainer.state.global_step, "interrupted": interrupted is not None,
-        **summarize(rows, args.start_logs), "curves": rows,
+        "trained": args.train, "reward": args.reward if args.train == "solver" else "agreement",
+        "steps": trainer.state.global_step, "interrupted": interrupted is not None,
+        **summarize(rows, args.start_logs, METRICS[:4] if args.train == "solver" else JUDGE_METRICS), "curves": rows,
     }
     if args.solver == "hostile":
         summary.update(attack_report(args.output_dir))
-    finish(trainer, summary, lambda path: plot(rows, path, f"solver rewarded by the {args.reward}, seed {args.seed}"),
+    title = (f"solver rewarded by the {args.reward}" if args.train == "solver" else "judge rewarded by agreement")
+    finish(trainer, summary, lambda path: plot(rows, path, f"{title}, seed {args.seed}"),
            "judge.png", interrupted, push_to_hub=args.push_to_hub, public=args.public)
     return summary
 

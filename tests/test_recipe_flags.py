@@ -123,3 +123,21 @@ def test_proposer_solver_free_text_measures_before_and_after(tmp_path):
     assert summary["held_out_first"]["step"] == 0 and summary["held_out_last"]["step"] == 1
     assert 0.0 <= summary["validity_after_warmup"] <= 1.0 and 0.0 <= summary["validity_at_end"] <= 1.0
     assert [p["step"] for p in summary["held_out"]] == [0, 1]
+
+
+def test_agentic_judge_train_judge_puts_the_policy_in_the_judge_seat():
+    import agentic_judge
+
+    args = argparse.Namespace(model="smollm2-135m", lora=16, train="judge", solver="policy", reward="judge",
+                              judge_model="scripted", judge_tokens=128, temperature=0.7, steps=4, group_size=2,
+                              groups_per_step=1, lr=1e-4, log_every=1, seed=0, output_dir="x", report_to=[])
+    config = agentic_judge.experiment(args)
+    (entry,) = config.env
+    assert entry.roles["judge"].model == "policy" and entry.roles["judge"].trainable is True
+    assert entry.roles["solver"].model == "scripted" and entry.roles["solver"].trainable is False
+    assert entry.args["judge_tokens"] == 128 and config.trainer["temperature"] == 0.7
+    rows = agentic_judge.curves([{"step": 2, "agentic_judge/judge/grpo/verdict": 0.5,
+                                  "agentic_judge/judge/grpo/agrees": 0.25}], "judge")
+    assert rows == [{"step": 2, "verdict": 0.5, "agrees": 0.25}]
+    with pytest.raises(SystemExit):
+        agentic_judge.main(["--train", "judge"])  # the tiny model cannot hold the judge's prompt: refused
