@@ -182,10 +182,32 @@ def test_one_policy_for_both_roles_or_a_frozen_solver_model(tmp_path, tiny):
 def test_the_instructed_proposer_prompt_shows_a_valid_verified_proposal(topic):
     """The worked example a chat model is shown is itself a proposal the env accepts with verify=True."""
     prompt = ps.proposer_prompt(topic, "instructed")
-    problem, answer = ps.parse_proposal(prompt[:-1])  # the prompt ends with the example and a full stop
+    problem, answer = ps.parse_proposal(prompt.split(" like ")[1].split(". Do not")[0])
     assert evaluate(problem) == answer
     assert "number only" in ps.solver_prompt("3 + 4", "instructed")
     assert ps.solver_prompt("3 + 4") == "Solve: 3 + 4 = ?"  # the default wording is unchanged
+
+
+def test_the_instructed_example_varies_per_task_and_a_copy_of_it_is_invalid():
+    """A fixed worked example is a proposal a chat model can copy for reward (a SmolLM2 run collapsed onto it):
+    the example is drawn per task, and repeating it scores like any invalid proposal."""
+    env = ps.ProposerSolverEnv(solvers=2, verify=True, prompts="instructed", levels=[1, 2, 3])
+    tasks = env.sample_tasks(16, random.Random(0))
+    examples = [t.data.info["example"] for t in tasks]
+    assert len(set(examples)) > 8 and all(ex in t.data.prompt for ex, t in zip(examples, tasks))
+    assert {level_of(ex) for ex in examples} == {1, 2, 3}
+    assert env.sample_tasks(16, random.Random(0))[3].data.prompt == tasks[3].data.prompt  # seeded
+    example = examples[0]
+    other, other_answer = make_problem("addition", 2, random.Random(5))
+    replies = iter([ps.proposal_text(example.replace(" ", "  "), evaluate(example)),
+                    ps.proposal_text(other, other_answer)])
+    agents = {"proposer": scripted(lambda turn: next(replies)), "solver": scripted(ps.accurate_solver(1.0))}
+    copied, fresh = (run_sync(env.play(tasks[0], agents, seed="0")).by_role("proposer")[0] for _ in range(2))
+    assert (copied.metrics["valid"], copied.metrics["copied_example"], copied.reward) == (0.0, 1.0, 0.0)
+    assert (fresh.metrics["valid"], fresh.metrics["copied_example"]) == (1.0, 0.0)
+    assert "copied_example" not in run_sync(ps.ProposerSolverEnv(solvers=1).play(
+        ps.ProposerSolverEnv().sample_tasks(1, random.Random(0))[0], agents | {"proposer": scripted(
+            lambda turn: ps.proposal_text(other, other_answer))}, seed="0")).by_role("proposer")[0].metrics
 
 
 def test_an_unknown_prompt_wording_is_refused_with_the_choices():

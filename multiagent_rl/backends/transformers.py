@@ -54,9 +54,26 @@ class TransformersBackend(TickBatcher):
         if model is not self.model:
             self.model.load_state_dict(model.state_dict())
 
+    logits_budget_bytes: int = 1 << 30
+    """Most bytes of per-step logits one ``generate`` call may hold (rows × new tokens × vocabulary × 4):
+    a larger batch is split into calls that fit, so a 49k-word vocabulary does not hold gigabytes."""
+
     @torch.no_grad()
     def generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
-        """One padded ``generate`` call for prompts sharing the same sampling params."""
+        """Padded ``generate`` calls for prompts sharing the same sampling params (split to fit
+        `logits_budget_bytes`; each later part gets its own seed derived from ``params.seed``)."""
+        vocab = getattr(getattr(self.model, "config", None), "vocab_size", None) or 1
+        rows = max(1, self.logits_budget_bytes // (4 * vocab * max(params.max_new_tokens, 1)))
+        if len(prompts) <= rows:
+            return self._generate_part(prompts, params)
+        out = []
+        for k, start in enumerate(range(0, len(prompts), rows)):
+            part = params if params.seed is None or k == 0 else params.model_copy(
+                update={"seed": (params.seed + 1_000_003 * k) % 2**63})
+            out.extend(self._generate_part(prompts[start:start + rows], part))
+        return out
+
+    def _generate_part(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         model = self.model
         device = model_device(model)
         width = max(len(p) for p in prompts)
@@ -95,12 +112,14 @@ class TransformersBackend(TickBatcher):
             out = model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), **kwargs)
         self.num_generate_calls += 1
         self.num_requests += len(prompts)
-        new_tokens = out.sequences[:, width:].cpu()
-        logits = torch.stack(out.logits, dim=1).float()  # (B, steps, V), raw (before temperature/top-p)
-        logits = _allow_only(logits, params.allowed_token_ids)
+        new_tokens = out.sequences[:, width:]
         scale = 1.0 if greedy else params.temperature
-        logps = torch.log_softmax(logits / scale, dim=-1).gather(-1, new_tokens.to(logits.device).unsqueeze(-1))
-        logps = logps.squeeze(-1).cpu()
+        # Step by step: stacking the raw (B, V) logits of every step would copy them several times over.
+        logps = torch.stack([
+            torch.log_softmax(_allow_only(step.float(), params.allowed_token_ids) / scale, dim=-1)
+            .gather(-1, new_tokens[:, t : t + 1].to(step.device)).squeeze(-1)
+            for t, step in enumerate(out.logits)], dim=1).cpu()
+        new_tokens = new_tokens.cpu()
         return [self._finish(new_tokens[i].tolist(), logps[i].tolist(), params) for i in range(len(prompts))]
 
     def _one_token(self, input_ids, attention_mask, params: SamplingParams) -> list[Generation]:

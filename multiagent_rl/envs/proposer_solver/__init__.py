@@ -14,7 +14,9 @@ One episode, as its rules:
 
 ``prompts`` chooses the wording: ``"short"`` (the default, what the tiny model is trained on) or
 ``"instructed"`` for a pretrained chat model in free text: the proposer is shown the JSON form with a worked
-example, the solver is asked for the number only (`PROMPTS`).
+example, the solver is asked for the number only (`PROMPTS`). The example is drawn per task from its seed
+(a random level), and a proposal that repeats the shown example is invalid (metric ``copied_example``): a
+fixed example is a proposal the model can copy for reward, and a copied problem teaches the solvers nothing.
 
 ``menu=True`` constrains the proposal to a menu: one correct problem per difficulty level, generated from
 the task's seed and rendered as ``{"difficulty": d, "problem": "...", "answer": ...}``; the proposer's
@@ -47,13 +49,14 @@ PROMPTS = ("short", "instructed")
 """The prompt wordings: terse (the tiny model's) or explicit about the format (a pretrained chat model's)."""
 
 
-def proposer_prompt(topic: str, prompts: str = "short") -> str:
-    """What the proposer is asked (``prompts``: one of `PROMPTS`)."""
+def proposer_prompt(topic: str, prompts: str = "short", example: str | None = None) -> str:
+    """What the proposer is asked (``prompts``: one of `PROMPTS`; ``example``: the worked example the
+    ``"instructed"`` wording shows, by default ``12 + 7`` with the topic's first operator)."""
     if _check_prompts(prompts) == "short":
         return f"Propose a {topic} problem for the solvers. End with JSON: problem and answer."
-    example = f"12 {TOPICS[topic][0]} 7"
+    example = example or f"12 {TOPICS[topic][0]} 7"
     return (f"Write a new {topic} problem for a student, with its answer, as one line of JSON like "
-            f"{proposal_text(example, evaluate(example))}.")
+            f"{proposal_text(example, evaluate(example))}. Do not repeat this example.")
 
 
 def solver_prompt(problem: str, prompts: str = "short") -> str:
@@ -121,10 +124,18 @@ class ProposerSolverEnv(Env):
     def sample_tasks(self, num: int, rng: random.Random) -> list[Task]:
         tasks = []
         for _ in range(num):
-            topic = rng.choice(self.topics)
-            tasks.append(Task(TaskData(prompt=proposer_prompt(topic, self.prompts),
-                                       info={"topic": topic, "seed": rng.randrange(2**31)})))
+            topic, seed = rng.choice(self.topics), rng.randrange(2**31)
+            info = {"topic": topic, "seed": seed}
+            if self.prompts == "instructed":
+                info["example"] = self.example_for(topic, seed)
+            tasks.append(Task(TaskData(prompt=proposer_prompt(topic, self.prompts, info.get("example")), info=info)))
         return tasks
+
+    def example_for(self, topic: str, seed: int) -> str:
+        """The worked example an ``"instructed"`` proposer prompt shows: a problem of a random level, drawn
+        from the task's seed (a different stream from the menu's)."""
+        rng = random.Random(f"example-{seed}")
+        return make_problem(topic, rng.choice(self.levels), rng)[0]
 
     def menu_for(self, task: Task) -> list[str]:
         """The task's menu: one problem per level, the same for every episode of the task."""
@@ -139,8 +150,11 @@ class ProposerSolverEnv(Env):
             reply = await it.send(state={"topic": info["topic"], "levels": self.levels}, choices=choices)
         proposer = it.trace
         proposal = parse_proposal(reply)
-        valid = proposal is not None and (not self.verify or _value(proposal[0]) == proposal[1])
+        copied = proposal is not None and _same_problem(proposal[0], info.get("example"))
+        valid = proposal is not None and not copied and (not self.verify or _value(proposal[0]) == proposal[1])
         proposer.metrics["valid"] = float(valid)
+        if "example" in info:
+            proposer.metrics["copied_example"] = float(copied)
         if not valid:
             proposer.add_reward("proposal", 0.0)
             return
@@ -166,6 +180,11 @@ class ProposerSolverEnv(Env):
         if level is not None:
             it.trace.metrics["difficulty"] = float(level)
         return correct
+
+
+def _same_problem(problem: str, example: str | None) -> bool:
+    """Whether a proposed problem is the shown example up to whitespace."""
+    return example is not None and re.sub(r"\s+", "", problem) == re.sub(r"\s+", "", example)
 
 
 def _value(problem: str) -> int | None:
