@@ -66,11 +66,53 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True, use_attribute_docstrings=True)
 
 
+POOL_PREFIX = "pool:"
+
+
+def is_pool_reference(model: str) -> bool:
+    """Whether a seat's ``model`` is ``"pool:NAME"`` (past snapshots of policy NAME)."""
+    return isinstance(model, str) and model.startswith(POOL_PREFIX)
+
+
+class PoolSamplingConfig(_Strict):
+    """How a ``pool:NAME`` seat draws its opponent for each task group (seeded, checkpointed)."""
+
+    rule: Literal["uniform", "latest", "pfsp"] = "uniform"
+    """``uniform`` over every snapshot (fictitious self-play), ``latest`` (uniform over the newest ``k``) or
+    ``pfsp`` (prioritised fictitious self-play: weight (1 − w)^``power`` with w the learner's win rate against the
+    snapshot, so the snapshots it still loses to are drawn most)."""
+    k: int = Field(5, ge=1)
+    """``latest``: how many of the newest snapshots."""
+    power: float = Field(2.0, ge=0)
+    """``pfsp``: the exponent of (1 − win rate)."""
+
+
+class PolicyConfig(_Strict):
+    """One learner (``[policies.NAME]``): a LoRA adapter on the shared base ``[model] name``, or, when it is the only
+    policy and has no adapter, the full model. Seats bind to it with ``policy = "NAME"``."""
+
+    lora: dict[str, Any] | None = None
+    """PEFT ``LoraConfig`` keyword arguments of this policy's adapter; default ``[model] lora``."""
+    learning_rate: float | None = Field(None, gt=0)
+    """This policy's learning rate; default ``[trainer] learning_rate`` (the scheduler scales each alike)."""
+    snapshot_every: int = Field(0, ge=0)
+    """Every this many steps (and at step 0) a frozen copy of the policy joins its opponent pool, which seats play
+    as ``model = "pool:NAME"``; 0: no snapshots (a pool seat then needs a nonzero value)."""
+    pool_size: int = Field(50, ge=1)
+    """Most snapshots kept (the oldest leave first); adapters are small, a full model is a full copy in memory."""
+
+
+DEFAULT_POLICY = "policy"
+"""The name of the one policy of a run without ``[policies]``."""
+
+
 class RoleConfig(_Strict):
     """How one seat of an environment is played and trained."""
 
     model: str = "policy"
-    """``"policy"`` (the model being trained), a frozen model (``"tiny"``, a hub id or a local path) or ``"scripted"``."""
+    """``"policy"`` (a model being trained: the one policy, or the ``[policies]`` entry named by ``policy``), a frozen
+    model (``"tiny"``, a hub id or a local path), ``"pool:NAME"`` (a past snapshot of policy NAME, drawn per task
+    group from its opponent pool by ``pool``; never trained) or ``"scripted"``."""
     trainable: bool | None = None
     """Whether this seat's traces are trained on. Default: True for ``policy`` seats; for a frozen or scripted
     seat, True when its algorithm (its own ``algo``, else the env's, else the experiment's) imitates another
@@ -78,7 +120,8 @@ class RoleConfig(_Strict):
     algo: OptionalAlgorithm = None
     """This role's algorithm; default: the environment's, then the experiment's."""
     policy: Callable[..., Any] | str | None = None
-    """Scripted seats: a function ``turn -> str``, or an import path of a factory called with ``policy_args``."""
+    """Policy seats: which ``[policies]`` entry plays and learns from this seat (default: the only one). Scripted
+    seats: a function ``turn -> str``, or an import path of a factory called with ``policy_args``."""
     policy_args: dict[str, Any] = Field(default_factory=dict)
     """Arguments of the scripted policy factory."""
     sampling: dict[str, Any] = Field(default_factory=dict)
@@ -88,13 +131,25 @@ class RoleConfig(_Strict):
     harness: HarnessConfig | None = None
     """How the seat converses: ``{id = "chat"}`` or ``{id = "tools"}`` (tool calls, with its limits); default: the
     environment's choice for this role (``Env.default_harness``), else ``chat``."""
+    pool: PoolSamplingConfig | None = None
+    """``model = "pool:NAME"`` seats: how the opponent is drawn from the pool (default: uniform)."""
 
     @model_validator(mode="after")
     def _check(self):
         if self.model == "scripted" and self.policy is None:
             raise ValueError("model='scripted' needs `policy` (a function, or 'package.module:factory')")
-        if self.model != "scripted" and self.policy is not None:
-            raise ValueError(f"`policy` is only for scripted seats; this seat has model={self.model!r}")
+        if self.model not in ("scripted", "policy") and self.policy is not None:
+            raise ValueError(f"`policy` names the learner of a policy seat (or a scripted seat's function); this "
+                             f"seat has model={self.model!r}")
+        if self.model == "policy" and self.policy is not None and not isinstance(self.policy, str):
+            raise ValueError("a policy seat's `policy` is the name of a [policies] entry (a string)")
+        if self.pool is not None and not is_pool_reference(self.model):
+            raise ValueError(f"`pool` is for model = 'pool:NAME' seats; this seat has model={self.model!r}")
+        if is_pool_reference(self.model):
+            if self.trainable:
+                raise ValueError(f"{self.model!r}: a pool seat plays past snapshots and is never trained; "
+                                 "remove trainable = true")
+            self.trainable = False
         if self.trainable is False and self.algo is not None:
             raise ValueError(
                 f"the seat names algo {self.algo.type!r} but trainable = false, so the algorithm would never run; "
@@ -236,6 +291,9 @@ class ExperimentConfig(_Strict):
     phase: list[PhaseConfig] = Field(default_factory=list)
     """Training phases in order (``[[phase]]``); none: every env entry is played by its own ``start_step`` /
     ``stop_step``."""
+    policies: dict[str, PolicyConfig] = Field(default_factory=dict)
+    """Named learners (``[policies.NAME]``), each trained only on its own seats' traces; none: one policy, named
+    ``"policy"``, plays every policy seat (configure it, e.g. its opponent pool, as ``[policies.policy]``)."""
 
     @field_validator("trainer")
     @classmethod
@@ -254,6 +312,7 @@ class ExperimentConfig(_Strict):
         if "model" not in self.model_fields_set:
             _warn_default_model()
         self._apply_phases()
+        self._check_policies()
         check_trained_temperature(self.trainer.get("temperature", 1.0), "[trainer] temperature")
         for i, env in enumerate(self.env):
             for role, rc in env.roles.items():
@@ -267,6 +326,71 @@ class ExperimentConfig(_Strict):
                     "model or scripted policy; unlisted seats play the policy"
                 )
         return self
+
+    def policy_names(self) -> list[str]:
+        """The learners, in config order (``["policy"]`` without ``[policies]``)."""
+        return list(self.policies) or [DEFAULT_POLICY]
+
+    def policy_config(self, name: str) -> PolicyConfig:
+        """The settings of learner ``name`` (defaults for the one unnamed policy)."""
+        return self.policies.get(name) or PolicyConfig()
+
+    @property
+    def uses_adapters(self) -> bool:
+        """Whether the learners are LoRA adapters on one base named after the policies (several policies, or one
+        ``[policies]`` entry with its own ``lora``); otherwise the one policy is trained as before (full model, or
+        ``[model] lora`` through TRL's ``peft_config``)."""
+        return len(self.policies) > 1 or any(p.lora is not None for p in self.policies.values())
+
+    def policy_lora(self, name: str) -> dict[str, Any]:
+        lora = self.policy_config(name).lora or self.model.lora
+        if lora is None:
+            raise ValueError(f"[policies.{name}]: several policies train as LoRA adapters on one base model; set "
+                             f"[policies.{name}] lora = {{r = 16, target_modules = \"all-linear\"}} (or [model] lora "
+                             "for all of them)")
+        return lora
+
+    def policy_of_seat(self, env: EnvConfig, role: str) -> str:
+        """The learner that plays and learns from policy seat ``role`` of ``env``."""
+        rc = env.roles.get(role)
+        named = rc.policy if rc is not None and rc.model == "policy" else None
+        names = self.policy_names()
+        if named is None:
+            if len(names) > 1:
+                raise ValueError(f"env {env.name or env.id!r} role {role!r} plays a policy but [policies] defines "
+                                 f"{names}: name one with [env.roles.{role}] policy = \"{names[0]}\"")
+            return names[0]
+        if named not in names:
+            raise ValueError(f"env {env.name or env.id!r} role {role!r}: policy = {named!r} is not in [policies] "
+                             f"({names}); add [policies.{named}] or bind one of those")
+        return named
+
+    def _check_policies(self) -> None:
+        names = self.policy_names()
+        for name in self.policies:
+            if self.uses_adapters:
+                self.policy_lora(name)
+        if self.uses_adapters and self.model.backend != "transformers":
+            raise ValueError(f"[policies] with LoRA adapters needs [model] backend = 'transformers' (the vLLM "
+                             f"backends here sync one merged policy; multi-LoRA serving is not wired yet); got "
+                             f"{self.model.backend!r}")
+        for env in self.env:
+            for role, rc in env.roles.items():
+                if len(names) > 1 and rc.model != "policy" and self.seat_trainable(env, role):
+                    raise ValueError(f"env {env.name or env.id!r} role {role!r}: a trainable seat played by "
+                                     f"{rc.model!r} (imitation) with several [policies] would not say which policy "
+                                     "learns from it; that is not supported yet: set trainable = false, or train one "
+                                     "policy")
+                if rc.model == "policy":
+                    self.policy_of_seat(env, role)
+                elif is_pool_reference(rc.model):
+                    target = rc.model[len(POOL_PREFIX):]
+                    if target not in names:
+                        raise ValueError(f"env {env.name or env.id!r} role {role!r}: {rc.model!r} names no policy; "
+                                         f"policies: {names}")
+                    if not self.policy_config(target).snapshot_every:
+                        raise ValueError(f"env {env.name or env.id!r} role {role!r} plays {rc.model!r}, but policy "
+                                         f"{target!r} takes no snapshots: set [policies.{target}] snapshot_every = N")
 
     def _apply_phases(self) -> None:
         apply_phases(self.phase, self.env, env_labels(self))

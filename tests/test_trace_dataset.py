@@ -170,16 +170,23 @@ def test_the_schema_version_is_stored_in_every_shard_and_checked_on_load(tmp_pat
 
 
 def test_shards_written_before_the_schema_had_a_version_still_load(tmp_path, kuhn_episodes):
-    """Version 1 shards (no version in their metadata, no env_id column) load, with env_id null."""
+    """Version 1 shards (no version in their metadata, no env_id or policy column) and version 2 shards (no policy
+    column) load beside current ones, with the missing columns null."""
     import pyarrow.parquet as pq
 
     folder, shard = _one_shard(tmp_path, kuhn_episodes)
-    table = pq.read_table(shard).drop_columns(["env_id"])
+    table = pq.read_table(shard).drop_columns(["env_id", "policy"])
     pq.write_table(table.replace_schema_metadata({b"huggingface": table.schema.metadata[b"huggingface"]}), shard)
     ParquetEpisodeSink(folder).write(kuhn_episodes, 1)  # a current shard beside it
-    both = load_traces(folder)
-    assert both.features == trace_features() and sorted(set(both["step"])) == [0, 1]
-    assert set(both["env_id"]) == {None}
+    second = next(p for p in sorted((folder).rglob("*.parquet")) if p != shard)
+    ParquetEpisodeSink(folder).write(kuhn_episodes, 2)
+    third = next(p for p in sorted((folder).rglob("*.parquet")) if p not in (shard, second))
+    table = pq.read_table(third).drop_columns(["policy"])
+    pq.write_table(table.replace_schema_metadata({**table.schema.metadata, b"multiagent_rl.schema_version": b"2"}),
+                   third)
+    every = load_traces(folder)
+    assert every.features == trace_features() and sorted(set(every["step"])) == [0, 1, 2]
+    assert set(every["env_id"]) == set(every["policy"]) == {None}
 
 
 def test_a_single_shard_file_a_flat_folder_and_a_single_log_file_load(tmp_path, kuhn_episodes):

@@ -140,7 +140,7 @@ class Interaction:
         self.task = task
         self.sampling = sampling
         self.rng = rng if rng is not None else random.Random()
-        self.trace = Trace(model=agent.model_id)
+        self.trace = Trace(model=agent.model_id, policy=getattr(agent.backend, "policy_name", None))
         self.turns = 0
         self.waiting = False
         """True while a reply is being produced (an episode timeout names the roles it was waiting for)."""

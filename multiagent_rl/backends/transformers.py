@@ -12,6 +12,7 @@ import contextlib
 
 import torch
 
+from ..models.adapters import use_adapter
 from .base import Generation, SamplingParams, TickBatcher
 from .scoring import eval_mode, model_device, token_logprobs
 
@@ -33,9 +34,15 @@ class TransformersBackend(TickBatcher):
     exact_logprobs = True
     """Its logprobs come from the trainer's own forward passes: no sampler/trainer mismatch to correct."""
 
-    def __init__(self, model, tokenizer, model_id: str = "policy", max_batch_size: int = 256, gather_ticks: int = 3):
+    def __init__(self, model, tokenizer, model_id: str = "policy", max_batch_size: int = 256, gather_ticks: int = 3,
+                 adapter: str | None = None, policy_name: str | None = None):
         super().__init__()
         self.model = model
+        self.adapter = adapter
+        """The LoRA adapter of ``model`` this backend samples with (several policies share one base model); None:
+        the model as it is."""
+        self.policy_name = policy_name
+        """Which policy (or pool snapshot) this backend plays, recorded on every trace (its ``policy`` column)."""
         self.tokenizer = tokenizer
         self.model_id = model_id
         self.max_batch_size = max_batch_size
@@ -48,7 +55,8 @@ class TransformersBackend(TickBatcher):
         self.num_requests = 0
 
     async def score(self, sequences, allowed=None, temperatures=None) -> list[list[float | None]]:
-        return token_logprobs(self.model, sequences, batch_size=16, allowed=allowed, temperatures=temperatures)
+        with use_adapter(self.model, self.adapter):
+            return token_logprobs(self.model, sequences, batch_size=16, allowed=allowed, temperatures=temperatures)
 
     def sync_weights(self, model) -> None:
         if model is not self.model:
@@ -64,13 +72,12 @@ class TransformersBackend(TickBatcher):
         `logits_budget_bytes`; each later part gets its own seed derived from ``params.seed``)."""
         vocab = getattr(getattr(self.model, "config", None), "vocab_size", None) or 1
         rows = max(1, self.logits_budget_bytes // (4 * vocab * max(params.max_new_tokens, 1)))
-        if len(prompts) <= rows:
-            return self._generate_part(prompts, params)
         out = []
-        for k, start in enumerate(range(0, len(prompts), rows)):
-            part = params if params.seed is None or k == 0 else params.model_copy(
-                update={"seed": (params.seed + 1_000_003 * k) % 2**63})
-            out.extend(self._generate_part(prompts[start:start + rows], part))
+        with use_adapter(self.model, self.adapter):
+            for k, start in enumerate(range(0, len(prompts), rows)):
+                part = params if params.seed is None or k == 0 else params.model_copy(
+                    update={"seed": (params.seed + 1_000_003 * k) % 2**63})
+                out.extend(self._generate_part(prompts[start:start + rows], part))
         return out
 
     def _generate_part(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:

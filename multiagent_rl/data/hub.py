@@ -230,13 +230,15 @@ def _env_seats(spec) -> tuple[str, ...]:
 
 def model_card_text(experiment, *, hub_model_id: str | None, results: str | None = None,
                     command: str | None = None, adapter: bool = False, datasets: list[str] | None = None,
-                    license: str | None = None, seats: dict[str, tuple[str, ...]] | None = None) -> str:
+                    license: str | None = None, seats: dict[str, tuple[str, ...]] | None = None,
+                    policy: str | None = None) -> str:
     """A model card naming the real base model and its license, the environments with every seat (who plays it, with
     which algorithm), the datasets (the run's pushed traces), the results and the command that reproduces them.
 
     ``license`` defaults to the base model's ([`base_model_license`][multiagent_rl.data.hub.base_model_license]); when
     that cannot be read, the card has none and a warning says so. ``seats`` (env label → seats) defaults to the env
-    classes' ``roles``."""
+    classes' ``roles``. ``policy``: the card of that one of a run's several ``[policies]`` (the seats table says which
+    policy plays each seat, and the card which of them this model is)."""
     from huggingface_hub import ModelCard, ModelCardData
 
     from ..config import env_labels
@@ -253,7 +255,10 @@ def model_card_text(experiment, *, hub_model_id: str | None, results: str | None
         for role in (seats or {}).get(label) or _env_seats(env):
             rc = env.roles.get(role)
             algo = experiment.algorithm_for(env, role).type if experiment.seat_trainable(env, role) else "frozen"
-            rows.append(f"| {label} | {role} | {rc.model if rc else 'policy'} | {algo} |")
+            played = rc.model if rc else "policy"
+            if policy is not None and played == "policy":
+                played = f"policy `{experiment.policy_of_seat(env, role)}`"
+            rows.append(f"| {label} | {role} | {played} | {algo} |")
     tags = [LIBRARY, "trl", "multi-agent", "reinforcement-learning", *sorted({e.id for e in experiment.env})]
     data = ModelCardData(base_model=base, library_name="peft" if adapter else "transformers", tags=tags,
                          license=license, pipeline_tag="text-generation", datasets=list(datasets) if datasets else None)
@@ -264,6 +269,9 @@ def model_card_text(experiment, *, hub_model_id: str | None, results: str | None
                   if datasets else "")
     unlicensed = ("\n\n**License: not set.** The base model's license could not be read; set it (the base model's "
                   "terms apply to this model) before sharing." if license is None else "")
+    policy_line = (f"\n\nIt is the policy `{policy}` of a run that trained {len(experiment.policy_names())} policies "
+                   f"({', '.join(f'`{n}`' for n in experiment.policy_names())}), each a LoRA adapter on the same base "
+                   "model, each trained only on its own seats." if policy is not None else "")
     content = f"""---
 {data.to_yaml()}
 ---
@@ -271,7 +279,7 @@ def model_card_text(experiment, *, hub_model_id: str | None, results: str | None
 # {hub_model_id or "model"}
 
 This {"LoRA adapter" if adapter else "model"} is {origin}, trained with `{LIBRARY}` (on TRL) in multi-agent
-environments.{trained_on}{unlicensed}
+environments.{trained_on}{unlicensed}{policy_line}
 
 | environment | role | played by | algorithm |
 |---|---|---|---|

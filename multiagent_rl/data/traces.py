@@ -10,7 +10,8 @@ per token is a flat list aligned with ``token_ids``:
 | step | the optimizer steps taken before the episode was played (0 for the first; the console's ``step k`` line trains on the episodes of ``step`` k − 1) |
 | episode, group | the episode's id and its task group's id; ``trace_index``: the trace's place in it |
 | env, env_id | the label of the config's env entry (``kuhn_poker_warmup``) and the environment's id (``kuhn_poker``; null where the writer was not told it) |
-| role, model | the seat, the model that played it (``policy`` = the trained one, ``scripted``, a teacher's id) |
+| role, model | the seat, the model that played it (``policy`` = a trained one, ``pool:NAME``, ``scripted``, a teacher's id) |
+| policy | which policy played it: the learner's name, or a pool snapshot's (``policy@200``); null for frozen and scripted seats |
 | trainable | whether the trace was trained on; ``algorithm``: the algorithm that scored it (or null) |
 | episode_ok | False for a failed episode (its ``episode_errors`` say why; never trained on) |
 | task | the task: prompt, system_prompt, answer, id, info (JSON), sampling (JSON) |
@@ -53,9 +54,11 @@ from ..episodes.trace import Trace
 from .sinks import (SOURCE_KEY, VERSION_KEY, JsonlEpisodeSink, ParquetShards, ShardError, ShardInfo, live_shards,
                     read_records, shard_info)
 
-SCHEMA_VERSION = 2
-"""The trace schema's version, stored in every shard's Parquet metadata and checked on load. 2 added ``env_id``;
-version 1 shards (written before shards carried a version) still load, with ``env_id`` null."""
+SCHEMA_VERSION = 3
+"""The trace schema's version, stored in every shard's Parquet metadata and checked on load. 2 added ``env_id``, 3
+``policy``; older shards (version 1: written before shards carried a version) still load, those columns null."""
+ADDED_IN = {"env_id": 2, "policy": 3}
+"""The columns added after version 1, with the version that added each."""
 logger = logging.getLogger(__name__)
 _RANK_FOLDER = re.compile(r"rank\d+")  # a sink's folder; rank0.<time>/ is an earlier run's, moved aside
 
@@ -70,7 +73,7 @@ def trace_features():
     return Features({
         "run": text, "step": i64, "episode": text, "group": text, "trace_index": i64, "env": text, "env_id": text,
         "episode_ok": flag, "episode_errors": List(text), "episode_info": text, "task": task,
-        "role": text, "model": text, "trainable": flag, "algorithm": text,
+        "role": text, "model": text, "policy": text, "trainable": flag, "algorithm": text,
         "messages": List({"role": text, "content": text}),
         "token_ids": List(i64), "token_kinds": List(text), "logprobs": List(f64), "allowed": List(List(i64)),
         "segments": List({"kind": text, "length": i64, "temperature": f64, "has_logprobs": flag,
@@ -82,7 +85,7 @@ def trace_features():
 
 
 # A row is the episode's record with its trace's record flattened into it (segments as flat per-token lists).
-_TRACE_FIELDS = ("role", "model", "trainable", "messages", "rewards", "reward", "streams", "metrics", "info", "error",
+_TRACE_FIELDS = ("role", "model", "policy", "trainable", "messages", "rewards", "reward", "streams", "metrics", "info", "error",
                  "last_reply", "token_exact")
 
 
@@ -240,26 +243,29 @@ def _schema_diff(found, expected) -> str:
     return "; ".join(label + ", ".join(names) for label, names in parts if names)
 
 
-def _is_legacy(info: ShardInfo) -> bool:
-    """Check a shard against the schema: False for a current one, True for a version 1 one (no ``env_id``);
+def _shard_version(info: ShardInfo) -> int:
+    """Check a shard against the schema of its version (``SCHEMA_VERSION`` or an older one) and return that version;
     anything else is a ``ShardError`` naming the file and what differs."""
-    if info.version is not None and info.version != SCHEMA_VERSION:
+    if info.version is not None and not 2 <= info.version <= SCHEMA_VERSION:
         raise ShardError(f"{info.path}: written with trace schema version {info.version}; this multiagent_rl reads "
-                         f"version {SCHEMA_VERSION} (and version 1).\nFix: load it with the multiagent_rl release that "
-                         "wrote it, or move it out of the folder.")
-    current = trace_features().arrow_schema
-    diff = _schema_diff(info.schema, current)
+                         f"version {SCHEMA_VERSION} (and versions 1 to {SCHEMA_VERSION - 1}).\nFix: load it with the "
+                         "multiagent_rl release that wrote it, or move it out of the folder.")
+    if info.version is None and not _schema_diff(info.schema, trace_features().arrow_schema):
+        return SCHEMA_VERSION
+    version = info.version or 1
+    diff = _schema_diff(info.schema, _features_of(version).arrow_schema)
     if not diff:
-        return False
-    if info.version is None and not _schema_diff(info.schema, _legacy_features().arrow_schema):
-        return True
-    raise ShardError(f"{info.path}: not a trace shard of schema version {SCHEMA_VERSION}: {diff}.\nFix: move it out "
+        return version
+    raise ShardError(f"{info.path}: not a trace shard of schema version {version}: {diff}.\nFix: move it out "
                      "of the folder; another dataset in Parquet loads with datasets.load_dataset('parquet', ...).")
 
 
-def _legacy_features():
+def _features_of(version: int):
+    """The features of a shard of schema ``version`` (the current ones without the columns added later)."""
     features = trace_features()
-    del features["env_id"]
+    for column, added in ADDED_IN.items():
+        if version < added:
+            del features[column]
     return features
 
 
@@ -284,21 +290,23 @@ def load_traces(folders: str | os.PathLike | list[str | os.PathLike]):
     """The traces of one or several runs as one dataset: a run's ``traces/`` (or any parent of runs), a flat folder
     of shards, a single shard file. A folder with only JSON-lines episode logs (``episode_format = "jsonl"``,
     ``rank*.jsonl``), or one such log, is converted on the way. A file that is not a trace shard of this schema
-    version is an error that names it and what differs; shards of version 1 load with ``env_id`` null."""
+    version is an error that names it and what differs; shards of older versions load with the newer columns null
+    (``ADDED_IN``)."""
     import datasets
 
     parts = []
     for root in [Path(f) for f in ([folders] if isinstance(folders, (str, os.PathLike)) else folders)]:
         shards, logs = _files(root)
         if shards:
-            infos = live_shards([shard_info(f) for f in shards])
-            legacy = {i.path for i in infos if _is_legacy(i)}
-            current = [i.path for i in infos if i.path not in legacy]
-            if current:
-                parts.append(_load_parquet(current, trace_features()))
-            if legacy:
-                old = _load_parquet(sorted(legacy), _legacy_features())
-                parts.append(old.add_column("env_id", [None] * len(old)).cast(trace_features()))
+            by_version = defaultdict(list)
+            for info in live_shards([shard_info(f) for f in shards]):
+                by_version[_shard_version(info)].append(info.path)
+            for version, paths in sorted(by_version.items(), reverse=True):
+                part = _load_parquet(sorted(paths), _features_of(version))
+                for column, added in ADDED_IN.items():
+                    if version < added:
+                        part = part.add_column(column, [None] * len(part))
+                parts.append(part.cast(trace_features()) if version < SCHEMA_VERSION else part)
             continue
         base = root.parent if root.is_file() else root
         run = (base.parent if base.name in ("episodes", "traces") else base).name

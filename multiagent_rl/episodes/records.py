@@ -83,6 +83,7 @@ def trace_record(trace: Trace) -> dict[str, Any]:
         "role": trace.role,
         "trainable": trace.trainable,
         "model": trace.model,
+        "policy": trace.policy,
         "segments": [
             {"kind": s.kind, "token_ids": s.token_ids, "logprobs": numbers(s.logprobs), "allowed": s.allowed,
              "temperature": number(s.temperature)}
@@ -107,6 +108,7 @@ def trace_from_record(d: dict[str, Any]) -> Trace:
         segments=[Segment(**s) for s in d["segments"]],
         trainable=d["trainable"],
         model=d["model"],
+        policy=d.get("policy"),
         messages=[dict(m) for m in d["messages"]],
         rewards=[RewardRecord(r["name"], r["value"], r["weight"]) for r in d["rewards"]],
         metrics=json.loads(d["metrics"]),
@@ -163,7 +165,7 @@ def record_features():
     segment = {"kind": text, "token_ids": List(i64), "logprobs": List(f64), "allowed": List(List(i64)),
                "temperature": f64}
     trace = {
-        "role": text, "trainable": flag, "model": text, "segments": List(segment),
+        "role": text, "trainable": flag, "model": text, "policy": text, "segments": List(segment),
         "messages": List({"role": text, "content": text}),
         "rewards": List({"name": text, "value": f64, "weight": f64}),
         "reward": f64, "metrics": text, "info": text, "error": text, "last_reply": text,

@@ -146,6 +146,9 @@ class Trace:
     segments: list[Segment] = field(default_factory=list)
     trainable: bool = False
     model: str | None = None
+    policy: str | None = None
+    """Which policy played it: a learner's name (``"policy"`` for a run's one policy, else its ``[policies]``
+    name) or a pool snapshot's (``"policy@200"``); None for frozen models and scripted seats."""
     messages: list[dict[str, Any]] = field(default_factory=list)
     rewards: list[RewardRecord] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)

@@ -24,15 +24,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..agents.agent import AgentConfig, Seat, make_agent
+from ..agents.agent import Agent, AgentConfig, Seat, make_agent
 from ..algorithms import Algorithm, AlgorithmContext, build_algorithm
 from ..backends import GenerationBackend, SamplingParams, TransformersBackend, build_backend
-from ..config import ExperimentConfig, env_labels
+from ..config import POOL_PREFIX, ExperimentConfig, PoolSamplingConfig, env_labels, is_pool_reference
 from ..data.sinks import EpisodeSink
 from ..envs.base import DEFAULT_EPISODE_TIMEOUT, Env, play_episodes, run_sync
 from ..episodes.episode import Episode
 from ..tasks.datasets import DatasetTasks
 from .health import RunHealth
+from .pools import OpponentPool, learner_outcome
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +75,8 @@ class EnvSlot:
     """Stream -> who needs it ("role (algo)"), for the health check."""
     tasks: DatasetTasks | None = None
     """Where its tasks come from when the config names a dataset (``[env.tasks]``); else ``env.sample_tasks``."""
+    pool_seats: dict[str, tuple[str, PoolSamplingConfig, AgentConfig]] | None = None
+    """Role -> (policy whose pool it plays, the draw rule, its agent's config), for ``model = "pool:NAME"`` seats."""
 
 
 class Orchestrator:
@@ -93,10 +96,18 @@ class Orchestrator:
         sampling: SamplingParams | None = None,
         sink: EpisodeSink | None = None,
         health: RunHealth | None = None,
+        policies: dict[str, GenerationBackend] | None = None,
     ):
         self.experiment = experiment if isinstance(experiment, ExperimentConfig) else ExperimentConfig.model_validate(
             experiment)
         self.policy, self.policy_model, self.device = policy, policy_model, device
+        names = self.experiment.policy_names()
+        self.policies = dict(policies) if policies is not None else ({names[0]: policy} if policy is not None else {})
+        """Per learner, the backend its seats sample from (one entry, ``policy``, without ``[policies]``)."""
+        if policies is not None and set(policies) != set(names):
+            raise ValueError(f"policies {sorted(policies)} do not match the config's [policies] {names}")
+        self.pools = self._build_pools()
+        """Per policy with ``snapshot_every``, its opponent pool."""
         self.seed, self.rank = seed, rank
         self.groups_per_step, self.max_concurrency = groups_per_step, max_concurrency
         self.sampling = sampling or SamplingParams()
@@ -106,6 +117,7 @@ class Orchestrator:
         self.slots = [self._bind(i, label) for i, label in enumerate(env_labels(self.experiment))]
         self.slot_of = {slot.label: slot for slot in self.slots}
         self.episodes_played = 0
+        self._snapshot_step: int | None = None
         self.last_episodes: list[Episode] = []
         self._warned_silent: set[tuple[str, str]] = set()
         endpoints = self.experiment.endpoints
@@ -125,23 +137,57 @@ class Orchestrator:
         policy = TransformersBackend(model.eval(), tok, model_id="policy")
         return cls(experiment, policy, policy_model=model, **kwargs)
 
+    def _build_pools(self) -> dict[str, OpponentPool]:
+        pools = {}
+        for name in self.experiment.policy_names():
+            config = self.experiment.policy_config(name)
+            if not config.snapshot_every:
+                continue
+            backend = self.policies.get(name)
+            model = getattr(backend, "model", None)
+            if model is None:
+                raise ValueError(f"[policies.{name}] snapshot_every: opponent pools copy the live transformers policy; "
+                                 "this run's policy has no module here (a served policy); use backend = 'transformers'")
+            adapter = getattr(backend, "adapter", None)
+            if adapter is None and hasattr(model, "peft_config"):  # [model] lora through TRL: one adapter
+                adapter = model.active_adapter
+                if not hasattr(model, "_multiagent_rl_trained_adapters"):
+                    model._multiagent_rl_trained_adapters = [adapter]
+            pools[name] = OpponentPool(name, config, model, backend.tokenizer, adapter=adapter)
+        return pools
+
+    def take_snapshots(self, step: int) -> None:
+        """Copy every pooled policy that is due at ``step`` into its pool (once per step)."""
+        if self._snapshot_step == step:
+            return
+        self._snapshot_step = step
+        for pool in self.pools.values():
+            if pool.due(step):
+                pool.take(step)
+
     # -- binding seats ---------------------------------------------------------------------------
     def _bind(self, index: int, label: str) -> EnvSlot:
         spec = self.experiment.env[index]
         env = spec.build()
         self.experiment.check_env_seats(index, env.roles)
-        agents, trainable, assignment = {}, {}, defaultdict(set)
+        agents, trainable, assignment, pool_seats = {}, {}, defaultdict(set), {}
         for role in env.roles:
             rc = spec.roles.get(role)
             model = rc.model if rc else "policy"
             config = AgentConfig(
-                model=model,
+                model="policy" if is_pool_reference(model) else model,
                 sampling=self.sampling.with_overrides(**(rc.sampling if rc else {})),
                 policy=rc.scripted_policy() if rc and rc.model == "scripted" else None,
                 timeout=rc.timeout if rc else None,
                 harness=spec.harness(role),
             )
-            agents[role] = make_agent(config, policy_backend=self.policy, device=self.device,
+            if is_pool_reference(model):
+                target = model[len(POOL_PREFIX):]
+                pool_seats[role] = (target, rc.pool or PoolSamplingConfig(), config)
+                backend = self.policies.get(target)  # stands in for env.setup; each group draws a snapshot
+            else:
+                backend = self.policies.get(self.experiment.policy_of_seat(spec, role)) if model == "policy" else None
+            agents[role] = make_agent(config, policy_backend=backend, device=self.device,
                                       endpoints=self.experiment.endpoints)
             trainable[role] = self.experiment.seat_trainable(spec, role)
             if trainable[role]:
@@ -157,7 +203,7 @@ class Orchestrator:
             for stream in algo.streams_required():
                 required[stream].append(f"{'/'.join(sorted(roles))} ({algo.name})")
         tasks = DatasetTasks.from_config(spec.tasks) if spec.tasks is not None else None
-        return EnvSlot(label, env, agents, trainable, dict(assignment), dict(required), tasks)
+        return EnvSlot(label, env, agents, trainable, dict(assignment), dict(required), tasks, pool_seats or None)
 
     # -- playing -----------------------------------------------------------------------------------
     def play(self, step: int) -> list[Episode]:
@@ -167,6 +213,7 @@ class Orchestrator:
 
     async def aplay(self, step: int) -> list[Episode]:
         """[`play`][multiagent_rl.rollout.engine.Orchestrator.play] from async code."""
+        self.take_snapshots(step)
         specs = self.experiment.env
         active = [i for i, s in enumerate(specs) if s.active(step)]
         if not active:
@@ -187,11 +234,33 @@ class Orchestrator:
 
     async def _play_group(self, index: int, task, group: str) -> list[Episode]:
         spec, slot = self.experiment.env[index], self.slots[index]
-        return await play_episodes(
-            slot.env, [task], slot.agents, group_size=spec.group_size, trainable=slot.trainable,
+        agents, opponents = slot.agents, {}
+        if slot.pool_seats:  # one snapshot per pool seat for the whole group: its baseline faces one opponent
+            agents = dict(agents)
+            for role, (policy, rule, config) in slot.pool_seats.items():
+                snapshot = self.pools[policy].draw(rule, self.rng)
+                agents[role], opponents[role] = Agent(config, snapshot.backend), snapshot.name
+        episodes = await play_episodes(
+            slot.env, [task], agents, group_size=spec.group_size, trainable=slot.trainable,
             max_concurrency=self.max_concurrency, groups=[group], seed=str(self.seed),
             timeout=DEFAULT_EPISODE_TIMEOUT if spec.timeout is None else spec.timeout, name=slot.label,
         )
+        for ep in episodes:
+            if opponents:
+                ep.info["opponents"] = dict(opponents)
+        return episodes
+
+    def _record_pool_results(self, episodes: list[Episode]) -> None:
+        for ep in episodes:
+            opponents = ep.info.get("opponents") if ep.ok else None
+            if not opponents:
+                continue
+            outcome = learner_outcome(ep, set(opponents))
+            if outcome is None:
+                continue
+            slot = self.slot_of[ep.env]
+            for role, name in opponents.items():
+                self.pools[slot.pool_seats[role][0]].record(name, outcome)
 
     def _warn_silent_seats(self, episodes: list[Episode]) -> None:
         """Once per env and seat: a trainable seat that no finished episode of this step has a trace of (its env's
@@ -259,6 +328,7 @@ class Orchestrator:
         for ep in everyone:
             self._check_streams(ep)
         self.last_episodes = episodes
+        self._record_pool_results(everyone)
         self.episodes_played += len(everyone)
         if self.sink is not None:
             self.sink.write(episodes, step)
@@ -311,6 +381,16 @@ def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
         per_env[ep.env].append(ep)
     for env, eps in per_env.items():
         metrics[f"{env}/failed_episodes"] = float(sum(not e.ok for e in eps))
+        against = defaultdict(list)  # pool snapshot -> the learner's (reward, outcome) per episode
+        for ep in eps:
+            for role, name in (ep.info.get("opponents") or {}).items() if ep.ok else ():
+                outcome = learner_outcome(ep, {role})
+                if outcome is not None:
+                    mine = sum(t.reward for t in ep.traces if t.trainable)
+                    against[name].append((mine, outcome))
+        for name, results in against.items():
+            metrics[f"{env}/opponent/{name}/learner_reward"] = sum(r for r, _ in results) / len(results)
+            metrics[f"{env}/opponent/{name}/win_rate"] = sum(w for _, w in results) / len(results)
         by_key = defaultdict(list)
         for ep in eps:
             if ep.ok:

@@ -4,7 +4,9 @@
   state and the episode count ([`Orchestrator.state_dict`][multiagent_rl.rollout.engine.Orchestrator.state_dict]);
 - ``algorithms_state.json``: the algorithms' state, identical on every process (e.g. RAE's baselines);
 - ``callbacks_state.json``: the state of every trainer callback with ``state_dict()`` /
-  ``load_state_dict()`` (e.g. an evaluation's running average).
+  ``load_state_dict()`` (e.g. an evaluation's running average);
+- ``pools/``: every opponent pool's snapshots (``pools/NAME/*.safetensors``) and ``pools/pools.json``, their
+  steps and the learner's results against each ([`multiagent_rl.rollout.pools`][]).
 
 Together they let a resumed run continue exactly as an uninterrupted one.
 """
@@ -18,6 +20,7 @@ from typing import Any
 ALGORITHM_STATE_FILE = "algorithms_state.json"
 ROLLOUT_STATE_FILE = "rollout_state_rank{rank}.json"
 CALLBACK_STATE_FILE = "callbacks_state.json"
+POOLS_FOLDER = "pools"
 
 
 def stateful(callbacks) -> dict[str, Any]:
@@ -30,7 +33,11 @@ def save_run_state(folder: str, rollout, callbacks, rank: int, main_process: boo
     _write_json(os.path.join(folder, ROLLOUT_STATE_FILE.format(rank=rank)), rollout.state_dict())
     if main_process:
         _write_json(os.path.join(folder, ALGORITHM_STATE_FILE), rollout.algorithm_state())
-        _write_json(os.path.join(folder, CALLBACK_STATE_FILE),
+        if rollout.pools:
+            pools = os.path.join(folder, POOLS_FOLDER)
+            index = {name: pool.save(os.path.join(pools, name)) for name, pool in rollout.pools.items()}
+            _write_json(os.path.join(pools, "pools.json"), index)
+        _write_json(os.path.join(folder, CALLBACK_STATE_FILE),  # written last: a complete checkpoint has it
                     {name: cb.state_dict() for name, cb in stateful(callbacks).items()})
 
 
@@ -43,6 +50,14 @@ def load_run_state(folder: str, rollout, callbacks, rank: int) -> None:
                          "run with another number of processes), so the run cannot resume exactly")
     rollout.load_state_dict(_read_json(path))
     rollout.load_algorithm_state(_read_json(os.path.join(folder, ALGORITHM_STATE_FILE)))
+    if rollout.pools:
+        pools = os.path.join(folder, POOLS_FOLDER)
+        index = _read_json(os.path.join(pools, "pools.json"))
+        for name, pool in rollout.pools.items():
+            if name not in index:
+                raise ValueError(f"{folder} has no opponent pool of {name!r} (it was saved by a run without "
+                                 f"[policies.{name}] snapshot_every), so the run cannot resume exactly")
+            pool.load(os.path.join(pools, name), index[name])
     saved = _read_json(os.path.join(folder, CALLBACK_STATE_FILE))
     for name, cb in stateful(callbacks).items():
         if name in saved:

@@ -3,7 +3,7 @@
 One sample per trainable trace that an algorithm scored into some stream: the first prompt segment
 is the sample's prompt (left-padded), everything after it the completion (right-padded), with, per
 loss stream of [`STREAMS`][multiagent_rl.episodes.streams.STREAMS], its per-token weights and its token-count mask;
-the sampling logprobs and temperatures; per-sample tags (algorithm, env, role) for metrics; and,
+the sampling logprobs and temperatures; per-sample tags (algorithm, env, role, policy) for metrics and for routing each row to its policy; and,
 when a harness constrained some replies to choices, the allowed token ids of every constrained token.
 
 A token the harness forced (one allowed id) has probability 1 under its restricted softmax: no
@@ -62,7 +62,7 @@ def _row(s: Sample, temperature: float, skip_zero_advantage: bool) -> dict:
                sampling_logps=[x or 0.0 for x in sampling],
                # tokens the policy sampled (not forced): where the sampler's logprob can be compared to the trainer's
                sampled_mask=[float(by_policy and x is not None) * f for x, f in zip(sampling, free)],
-               algorithm=trace.streams.algorithm, env=s.env, role=trace.role)
+               algorithm=trace.streams.algorithm, env=s.env, role=trace.role, policy=trace.policy)
     row["temperatures"] = trace.loss_temperatures(temperature)[p:]
     for stream in STREAMS:
         values = getattr(trace.streams, stream.field)
@@ -83,7 +83,7 @@ def _row(s: Sample, temperature: float, skip_zero_advantage: bool) -> dict:
 def _padding_row(pad_token_id: int, temperature: float) -> dict:
     row = dict(prompt=[pad_token_id], completion=[pad_token_id], allowed=[None], action_mask=[0.0],
                sampling_logps=[0.0], sampled_mask=[0.0], temperatures=[temperature], algorithm="padding", env="",
-               role="")
+               role="", policy=None)
     for stream in STREAMS:
         row[stream.field], row[stream.mask] = [0.0], [0.0]
         for field in stream.extras:
@@ -121,7 +121,8 @@ def collate(
     for k in per_token:
         fill = float(temperature) if k == "temperatures" else 0.0
         batch[k] = torch.tensor([r[k] + [fill] * (T - len(r[k])) for r in rows], dtype=torch.float32)
-    batch.update(algorithm=[r["algorithm"] for r in rows], env=[r["env"] for r in rows], role=[r["role"] for r in rows])
+    batch.update(algorithm=[r["algorithm"] for r in rows], env=[r["env"] for r in rows], role=[r["role"] for r in rows],
+                 policy=[r["policy"] for r in rows])
     K = max((len(a) for r in rows for a in r["allowed"] if a is not None), default=0)
     if K:  # constrained choices in the batch: per token the allowed ids, -1-padded (all -1 = whole vocabulary)
         unconstrained = [-1] * K

@@ -180,7 +180,10 @@ def compute_loss(
     ratio = torch.exp(logps - (logps.detach() if old is None else old))
     inputs = StreamInputs(logps, ratio, batch, epsilon_low, epsilon_high)
     token_losses = {s.name: s.loss_function()(inputs) for s in STREAMS}
-    loss = sum(token_losses[s.name].sum() / normalizer(batch[s.count]) for s in STREAMS)
+    if "policy_index" in batch:  # several policies: each row's stream divided by its own policy's token count
+        loss = sum((token_losses[s.name].sum(1) / normalizer(batch[per_policy(s.count)])).sum() for s in STREAMS)
+    else:
+        loss = sum(token_losses[s.name].sum() / normalizer(batch[s.count]) for s in STREAMS)
     return loss, {"ratio": ratio, "inputs": inputs, **token_losses}
 
 
@@ -192,12 +195,29 @@ def normalizer(world: int, window: float) -> Callable[[torch.Tensor], torch.Tens
     return lambda count: count.clamp(min=1.0) / world * window
 
 
-def add_global_counts(batch: dict, all_reduce_sum: Callable[[torch.Tensor], torch.Tensor]) -> dict:
+def per_policy(count: str) -> str:
+    """The batch key of a stream's per-row count of that row's policy (several policies)."""
+    return f"{count}_of_policy"
+
+
+def add_global_counts(batch: dict, all_reduce_sum: Callable[[torch.Tensor], torch.Tensor],
+                      num_policies: int = 1) -> dict:
     """Write each stream's global token count (and the action tokens', and TRL's ``num_items_in_batch``) into
-    ``batch``, summed over all processes in one all-reduce."""
-    counts = [batch[s.mask].sum() for s in STREAMS]
-    counts.append((batch["action_mask"] * batch["completion_mask"]).sum())
-    counts = all_reduce_sum(torch.stack(counts).float())
+    ``batch``, summed over all processes in one all-reduce.
+
+    With several policies (``batch["policy_index"]``, one per row) each stream is also counted per policy and every
+    row gets its own policy's count (``per_policy(count)``, (B,)): each policy's loss is normalised as if it were
+    trained alone, so the loss of k policies is the sum of their single-policy losses."""
+    masks = [batch[s.mask] for s in STREAMS] + [batch["action_mask"] * batch["completion_mask"]]
+    if "policy_index" in batch:
+        index = batch["policy_index"]
+        table = torch.stack([torch.stack([m[index == k].sum() for m in masks]) for k in range(num_policies)])
+        table = all_reduce_sum(table.float())  # (policies, streams + 1)
+        for column, stream in enumerate(STREAMS):
+            batch[per_policy(stream.count)] = table[index, column]
+        counts = table.sum(0)
+    else:
+        counts = all_reduce_sum(torch.stack([m.sum() for m in masks]).float())
     for stream, count in zip(STREAMS, counts):
         batch[stream.count] = count
     batch["num_action_tokens"] = counts[-1]

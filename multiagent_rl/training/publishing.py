@@ -22,15 +22,17 @@ class PublishingMixin:
     model_card_license: str | None = None
     """The model card's ``license``; default: the base model's, where it can be read (else none, with a warning)."""
 
-    def model_card(self) -> str:
+    def model_card(self, policy: str | None = None) -> str:
         """The model card's text: the real base model's Hub id and license, every seat of every environment with its
-        algorithm, the datasets, `model_card_results` and the command."""
+        algorithm, the datasets, `model_card_results` and the command; ``policy``: the card of that one of several
+        ``[policies]`` (its seats named)."""
         rollout = getattr(self, "rollout", None)  # the built envs know their seats (an env may set them per instance)
         seats = {slot.label: tuple(slot.env.roles) for slot in rollout.slots} if rollout is not None else None
         return model_card_text(self.experiment, hub_model_id=self.hub_model_id or self.args.hub_model_id,
                                results=self.model_card_results, command=self.command,
-                               adapter=self.experiment.model.lora is not None, datasets=self.model_card_datasets,
-                               license=self.model_card_license, seats=seats)
+                               adapter=self.experiment.model.lora is not None or self.experiment.uses_adapters,
+                               datasets=self.model_card_datasets, license=self.model_card_license, seats=seats,
+                               policy=policy)
 
     def write_model_card(self, folder: str) -> None:
         """Write the model card to ``folder/README.md`` (on the main process)."""

@@ -21,11 +21,12 @@ from datasets import Dataset
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from trl import GRPOTrainer
 
-from ..backends import SamplingParams, build_policy_backend
+from ..backends import SamplingParams, TransformersBackend, build_policy_backend
 from ..config import ExperimentConfig
 from ..data.traces import episode_sink
 from ..episodes.episode import Episode
 from ..models import load_model_and_tokenizer
+from ..models.adapters import add_adapters
 from ..rollout.engine import Orchestrator, RolloutStep
 from ..rollout.health import RunHealth, RunStopped
 from . import loss as loss_module
@@ -34,6 +35,7 @@ from .callbacks import ConsolePrinterCallback, ConsoleProgressCallback, Interrup
 from .checkpoint import load_run_state, save_run_state
 from .collate import collate, trainable_samples
 from .logits import PolicyScorer
+from .policies import PoliciesMixin
 from .publishing import PublishingMixin
 from .regularisers import build_regulariser
 
@@ -50,8 +52,9 @@ def _rewards_come_from_environments(*args, **kwargs):
     raise RuntimeError("MixedAlgorithmTrainer takes rewards from environments; this placeholder is never called")
 
 
-class MixedAlgorithmTrainer(PublishingMixin, GRPOTrainer):
-    """Train one policy on a mix of multi-agent environments with per-env / per-role algorithms.
+class MixedAlgorithmTrainer(PoliciesMixin, PublishingMixin, GRPOTrainer):
+    """Train one policy, or several (``[policies]``: LoRA adapters on one base), on a mix of multi-agent environments
+    with per-env / per-role algorithms.
 
     ```pycon
     >>> trainer = MixedAlgorithmTrainer({"algo": {"type": "rae"}, "env": [{"id": "kuhn_poker"}],
@@ -74,7 +77,10 @@ class MixedAlgorithmTrainer(PublishingMixin, GRPOTrainer):
         elif processing_class is None:
             raise ValueError("Pass processing_class (the tokenizer) together with a model object")
         peft_config = None
-        if experiment.model.lora is not None:
+        names = experiment.policy_names()
+        if experiment.uses_adapters:  # one adapter per policy, named after it; TRL gets the PeftModel as it is
+            model = add_adapters(model, {name: experiment.policy_lora(name) for name in names})
+        elif experiment.model.lora is not None:
             from peft import LoraConfig
 
             peft_config = LoraConfig(task_type="CAUSAL_LM", **experiment.model.lora)
@@ -91,9 +97,17 @@ class MixedAlgorithmTrainer(PublishingMixin, GRPOTrainer):
         self.tokenizer = processing_class
         policy = self.accelerator.unwrap_model(self.model)
         rank = self.accelerator.process_index
+        if experiment.uses_adapters:
+            policies = {name: TransformersBackend(policy, processing_class, model_id="policy", adapter=name,
+                                                  policy_name=name, max_batch_size=args.max_concurrency)
+                        for name in names}
+        else:
+            policies = {names[0]: build_policy_backend(experiment.model, policy, processing_class, seed=args.seed,
+                                                       max_batch_size=args.max_concurrency,
+                                                       endpoints=experiment.endpoints)}
+            policies[names[0]].policy_name = names[0]
         self.rollout = Orchestrator(
-            experiment, build_policy_backend(experiment.model, policy, processing_class, seed=args.seed,
-                                             max_batch_size=args.max_concurrency, endpoints=experiment.endpoints),
+            experiment, policies[names[0]], policies=policies,
             policy_model=policy, device=self.accelerator.device, seed=args.seed, rank=rank,
             groups_per_step=args.groups_per_step, max_concurrency=args.max_concurrency,
             sampling=SamplingParams(temperature=args.temperature, top_p=args.top_p,
@@ -109,6 +123,7 @@ class MixedAlgorithmTrainer(PublishingMixin, GRPOTrainer):
         plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
         sharded = self.is_fsdp_enabled or (plugin is not None and plugin.zero_stage == 3)
         self.regularisers = [build_regulariser(c, args.max_steps) for c in experiment.regulariser]
+        self.check_policies_supported()
         if sharded and any(r.needs_logits for r in self.regularisers):
             raise ValueError("a regulariser that reads the policy's logits needs its full LM head, which "
                              "FSDP and DeepSpeed ZeRO-3 shard away; use ZeRO-2 or DDP, or drop the regulariser")
@@ -143,14 +158,16 @@ class MixedAlgorithmTrainer(PublishingMixin, GRPOTrainer):
         batch = collate(trainable_samples(self.rollout_step.local, args.skip_zero_advantage),
                         self.tokenizer.pad_token_id, multiple_of=args.steps_per_generation,
                         temperature=self.temperature, skip_zero_advantage=args.skip_zero_advantage)
+        self.index_policies(batch)
         batch = {k: v.to(self.accelerator.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-        loss_module.add_global_counts(batch, lambda t: self.accelerator.reduce(t, reduction="sum"))
+        loss_module.add_global_counts(batch, lambda t: self.accelerator.reduce(t, reduction="sum"),
+                                      num_policies=len(self.experiment.policy_names()))
         correct = args.vllm_importance_sampling_correction and not self.rollout.policy.exact_logprobs
         if correct or args.steps_per_generation > args.gradient_accumulation_steps or self.num_iterations > 1:
             # Several optimizer steps reuse this batch, or another engine sampled it: freeze the trainer's logprobs
             # of the policy that sampled it.
             with torch.no_grad():
-                batch["old_per_token_logps"] = self.scorer.score(self.model, batch).logps
+                batch["old_per_token_logps"] = self.score_policies(self.model, batch).logps
         if correct:
             batch["importance_weights"], stats = loss_module.importance_weights(
                 batch["old_per_token_logps"], batch["sampling_logps"], batch["sampled_mask"],
@@ -169,7 +186,7 @@ class MixedAlgorithmTrainer(PublishingMixin, GRPOTrainer):
 
     def _compute_loss(self, model, inputs):
         step = self.state.global_step
-        scored = self.scorer.score(model, inputs, compute_entropy=True, need_logits=self._needs_logits(step))
+        scored = self.score_policies(model, inputs, compute_entropy=True, need_logits=self._needs_logits(step))
         mode = "train" if self.model.training else "eval"
         window = self.current_gradient_accumulation_steps / self.args.steps_per_generation if mode == "train" else 1.0
         normalizer = loss_module.normalizer(self.accelerator.num_processes, window)

@@ -1,0 +1,158 @@
+"""Several learners in one trainer: one LoRA adapter per ``[policies]`` entry on one frozen base model.
+
+Each collated row carries the policy that sampled it (``batch["policy"]``, from the trace's ``policy``); with several
+policies the trainer adds ``policy_index`` and the loss module counts every stream per policy, so each policy's loss
+is normalised as if it trained alone and the total is the sum of the single-policy losses
+([`add_global_counts`][multiagent_rl.training.loss.add_global_counts]). A micro-batch is scored one policy at a time
+with that policy's adapter active (PEFT runs one adapter per forward pass in training), so adapter A's gradient from
+B's rows is exactly zero. One optimizer holds every adapter, one parameter group per policy with its own learning
+rate. Each policy saves to its own folder (``final_model/NAME``: adapter, tokenizer, model card), and checkpoints hold
+all of them.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ..models.adapters import use_adapter
+from .logits import Scored
+
+
+def _policy_of_parameter(name: str, policies: list[str]) -> str | None:
+    """The adapter a PEFT parameter belongs to (``...lora_A.<adapter>.weight``), if it is one of ``policies``."""
+    parts = name.split(".")
+    for i, part in enumerate(parts[:-1]):
+        if part.startswith("lora_") and parts[i + 1] in policies:
+            return parts[i + 1]
+    return None
+
+
+def _rows(batch: dict, rows: torch.Tensor) -> dict:
+    """The sub-batch of ``rows`` (tensors and per-row lists cut along the first dimension; scalars kept)."""
+    size = batch["completion_ids"].shape[0]
+    picked = rows.tolist()
+    out = {}
+    for key, value in batch.items():
+        if isinstance(value, torch.Tensor) and value.ndim > 0 and value.shape[0] == size:
+            out[key] = value[rows]
+        elif isinstance(value, list) and len(value) == size:
+            out[key] = [value[i] for i in picked]
+        else:
+            out[key] = value
+    return out
+
+
+class PoliciesMixin:
+    """The several-policy parts of [`MixedAlgorithmTrainer`][multiagent_rl.training.trainer.MixedAlgorithmTrainer] (see
+    the module docstring); with one policy every method here is today's single-policy path."""
+
+    @property
+    def policy_names(self) -> list[str]:
+        return self.experiment.policy_names()
+
+    @property
+    def several_policies(self) -> bool:
+        return len(self.policy_names) > 1
+
+    def check_policies_supported(self) -> None:
+        """Refuse, naming the way out, what several policies cannot do here yet."""
+        if not self.several_policies:
+            return
+        if any(r.needs_logits for r in self.regularisers):
+            raise ValueError("a regulariser that reads the policy's logits (magnet) keeps one anchor model; with "
+                             "several [policies] it is not supported yet: drop the regulariser or train one policy")
+        if self.accelerator.num_processes > 1:
+            raise ValueError("several [policies] train on one process for now: each micro-batch runs one forward "
+                             "pass per adapter, which DDP's one-forward-per-backward reducer does not allow; launch "
+                             "one process, or one policy per run")
+
+    def index_policies(self, batch: dict) -> None:
+        """With several policies: ``batch["policy_index"]`` (B,), each row's policy (padding rows: the first)."""
+        if not self.several_policies:
+            return
+        names = self.policy_names
+        unknown = sorted({p for p in batch["policy"] if p is not None and p not in names})
+        if unknown:
+            raise RuntimeError(f"traces of policies {unknown} reached the batch, which trains {names}")
+        batch["policy_index"] = torch.tensor([names.index(p) if p is not None else 0 for p in batch["policy"]])
+
+    def score_policies(self, model, batch: dict, compute_entropy: bool = False, need_logits: bool = False) -> Scored:
+        """The scorer's per-token logprobs (and entropies) of ``batch``, each row under its own policy's adapter."""
+        if "policy_index" not in batch:
+            return self.scorer.score(model, batch, compute_entropy=compute_entropy, need_logits=need_logits)
+        peft_model = self.accelerator.unwrap_model(model)
+        index = batch["policy_index"]
+        logps = entropies = None
+        for k, name in enumerate(self.policy_names):
+            rows = (index == k).nonzero().squeeze(1)
+            if not len(rows):
+                continue
+            with use_adapter(peft_model, name):
+                part = self.scorer.score(model, _rows(batch, rows), compute_entropy=compute_entropy)
+            if logps is None:
+                logps = part.logps.new_zeros(batch["completion_ids"].shape)
+                entropies = part.logps.new_zeros(batch["completion_ids"].shape) if compute_entropy else None
+            logps = logps.index_copy(0, rows.to(logps.device), part.logps)
+            if compute_entropy:
+                entropies = entropies.index_copy(0, rows.to(logps.device), part.entropies)
+        return Scored(logps, entropies)
+
+    def create_optimizer(self, model=None):
+        """TRL's optimizer, or with adapters one parameter group per policy at its own learning rate."""
+        if not self.experiment.uses_adapters or self.optimizer is not None:
+            return super().create_optimizer(model)
+        from transformers import Trainer
+
+        opt_model = self.model if model is None else model
+        names = self.policy_names
+        groups = {name: [] for name in names}
+        for pname, param in opt_model.named_parameters():
+            owner = _policy_of_parameter(pname, names)
+            if param.requires_grad and owner is not None:
+                groups[owner].append(param)
+        optimizer_cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(self.args, opt_model)
+        self.optimizer = optimizer_cls(
+            [{"params": groups[name], "weight_decay": self.args.weight_decay,
+              "lr": self.experiment.policy_config(name).learning_rate or self.args.learning_rate} for name in names],
+            **kwargs)
+        return self.optimizer
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False):
+        """With adapters: every policy in its own folder ``output_dir/NAME`` (adapter, tokenizer and, for a folder
+        saved on request, its model card); else the single-policy ``save_model``."""
+        if not self.experiment.uses_adapters:
+            return super().save_model(output_dir, _internal_call)
+        from ..data.hub import base_model_id, fix_adapter_base
+
+        folder = output_dir or self.args.output_dir
+        if not self.is_world_process_zero():
+            return
+        os.makedirs(folder, exist_ok=True)
+        model = self.accelerator.unwrap_model(self.model)
+        for name in self.policy_names:
+            target = os.path.join(folder, name)
+            model.save_pretrained(folder, selected_adapters=[name])  # PEFT writes a named adapter to folder/name
+            self.processing_class.save_pretrained(target)
+            fix_adapter_base(target, base_model_id(self.experiment.model.name))
+            if not _internal_call:
+                with open(os.path.join(target, "README.md"), "w", encoding="utf-8") as f:
+                    f.write(self.model_card(policy=name))
+        torch.save(self.args, os.path.join(folder, "training_args.bin"))
+
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+        """With adapters: every policy's adapter from ``checkpoint/NAME``; else the Trainer's own loading."""
+        if not self.experiment.uses_adapters:
+            return super()._load_from_checkpoint(resume_from_checkpoint, model)
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        peft_model = self.accelerator.unwrap_model(model if model is not None else self.model)
+        for name in self.policy_names:
+            path = os.path.join(resume_from_checkpoint, name, "adapter_model.safetensors")
+            if not os.path.exists(path):
+                raise ValueError(f"{resume_from_checkpoint} has no adapter of policy {name!r} ({path}): it was saved "
+                                 "by a run with other [policies]")
+            device = next(peft_model.parameters()).device
+            set_peft_model_state_dict(peft_model, load_file(path, device=str(device)), adapter_name=name)

@@ -1,0 +1,229 @@
+"""Several policies in one run (LoRA adapters on one base) and opponent pools of past snapshots.
+
+Oracles: the single-policy trainer (TRL's own PEFT path) on each policy's traces alone — two policies' loss and
+gradients are the sum of those two runs'; an adapter's gradient from another policy's rows is exactly zero; a resumed
+run ends with the weights and optimizer state of an uninterrupted one; pool draws follow their rule's weights.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+
+import pydantic
+import pytest
+import torch
+from peft import set_peft_model_state_dict
+
+from multiagent_rl.config import ExperimentConfig, PolicyConfig, PoolSamplingConfig
+from multiagent_rl.data.traces import load_traces
+from multiagent_rl.models.adapters import adapter_state
+from multiagent_rl.rollout.pools import OpponentPool, Snapshot
+from multiagent_rl.training import loss as loss_module
+from multiagent_rl.training.collate import collate, trainable_samples
+from multiagent_rl.training.trainer import MixedAlgorithmTrainer
+
+from conftest import loss_and_grads, mixed_args
+
+LORA = {"r": 4, "lora_alpha": 8, "target_modules": "all-linear", "init_lora_weights": False}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def two_policies(**policy_b) -> dict:
+    return {"model": {"name": "tiny"}, "algo": {"type": "grpo"},
+            "policies": {"alice": {"lora": LORA}, "bob": {"lora": LORA, **policy_b}},
+            "env": [{"id": "kuhn_poker", "group_size": 4, "args": {"legal_choices": True},
+                     "roles": {"player_0": {"policy": "alice"}, "player_1": {"policy": "bob"}}}]}
+
+
+def trainer_for(experiment, tiny, tmp_path, **kw) -> MixedAlgorithmTrainer:
+    model, tok = tiny
+    return MixedAlgorithmTrainer(experiment, args=mixed_args(tmp_path, groups_per_step=2, **kw),
+                                 model=copy.deepcopy(model), processing_class=tok)
+
+
+def batch_of(trainer, samples, num_policies: int) -> dict:
+    batch = collate(samples, trainer.tokenizer.pad_token_id, temperature=trainer.temperature)
+    trainer.index_policies(batch)
+    return loss_module.add_global_counts(batch, lambda t: t, num_policies=num_policies)
+
+
+# -- config ---------------------------------------------------------------------------------------
+
+
+def test_policies_bind_by_name_and_bad_bindings_say_the_fix():
+    experiment = ExperimentConfig.model_validate(two_policies())
+    env = experiment.env[0]
+    assert experiment.policy_names() == ["alice", "bob"] and experiment.uses_adapters
+    assert [experiment.policy_of_seat(env, r) for r in ("player_0", "player_1")] == ["alice", "bob"]
+    one = ExperimentConfig.model_validate({"model": {"name": "tiny"}, "env": [{"id": "kuhn_poker"}]})
+    assert one.policy_names() == ["policy"] and not one.uses_adapters  # no new keys: today's single policy
+
+    def refused(config, match):
+        with pytest.raises(pydantic.ValidationError, match=match):
+            ExperimentConfig.model_validate(config)
+
+    unbound = two_policies()
+    del unbound["env"][0]["roles"]["player_1"]["policy"]
+    refused(unbound, r"role 'player_1' plays a policy but \[policies\] defines \['alice', 'bob'\]: name one with")
+    typo = two_policies()
+    typo["env"][0]["roles"]["player_1"]["policy"] = "carol"
+    refused(typo, r"policy = 'carol' is not in \[policies\]")
+    no_lora = two_policies()
+    del no_lora["policies"]["bob"]["lora"]
+    refused(no_lora, r"\[policies.bob\]: several policies train as LoRA adapters on one base model; set")
+    served = two_policies()
+    served["model"]["backend"] = "vllm"
+    refused(served, r"needs \[model\] backend = 'transformers'")
+    pool = {"model": {"name": "tiny"}, "env": [{"id": "kuhn_poker", "roles": {"player_1": {"model": "pool:policy"}}}]}
+    refused(pool, r"policy 'policy' takes no snapshots: set \[policies.policy\] snapshot_every = N")
+    refused({**pool, "policies": {"policy": {"snapshot_every": 2}},
+             "env": [{"id": "kuhn_poker", "roles": {"player_1": {"model": "pool:policy", "trainable": True}}}]},
+            "a pool seat plays past snapshots and is never trained")
+
+
+# -- training several policies --------------------------------------------------------------------
+
+
+def test_two_policies_train_only_on_their_own_traces_and_sum_to_two_single_policy_runs(tmp_path, tiny):
+    trainer = trainer_for(two_policies(), tiny, tmp_path / "two")
+    batch = trainer._generate_and_score_completions(None)
+    samples = trainable_samples(trainer.rollout_step.local)
+    by_policy = {name: [s for s in samples if s.trace.policy == name] for name in ("alice", "bob")}
+    assert all(by_policy.values()) and len(samples) == sum(map(len, by_policy.values()))
+    assert {s.trace.role for s in by_policy["alice"]} == {"player_0"} and {s.trace.role for s in by_policy["bob"]} == {
+        "player_1"}
+    loss, grads = loss_and_grads(trainer, batch)
+
+    # a batch of bob's traces only: alice's adapter gets exactly zero gradient, bob's does not
+    _, bob_only = loss_and_grads(trainer, batch_of(trainer, by_policy["bob"], 2))
+    assert not any(".alice." in n for n, g in bob_only.items() if g.abs().max() > 0)
+    assert any(".bob." in n and g.abs().max() > 0 for n, g in bob_only.items())
+    assert not any(".base_layer." in n or "lora" not in n for n in grads)  # the base stays frozen
+
+    # the oracle: the single-policy trainer (TRL's PEFT path, adapter "default") with each adapter's weights
+    single_config = {"model": {"name": "tiny", "lora": LORA}, "algo": {"type": "grpo"},
+                     "env": [{"id": "kuhn_poker", "group_size": 4, "args": {"legal_choices": True}}]}
+    total, expected = 0.0, {}
+    for name in ("alice", "bob"):
+        single = trainer_for(single_config, tiny, tmp_path / name)
+        set_peft_model_state_dict(single.model, adapter_state(trainer.model, name), adapter_name="default")
+        single_loss, single_grads = loss_and_grads(single, batch_of(single, by_policy[name], 1))
+        total += single_loss
+        expected.update({n.replace(".default.", f".{name}."): g for n, g in single_grads.items()})
+    assert torch.allclose(loss, total, atol=1e-6), (loss, total)
+    assert grads.keys() == expected.keys()
+    assert max((grads[n] - expected[n]).abs().max().item() for n in grads) < 1e-6
+
+
+def test_each_policy_has_its_learning_rate_saves_on_its_own_and_resumes_exactly(tmp_path, tiny):
+    experiment = two_policies(learning_rate=3e-4)
+    run = dict(max_steps=2, save_strategy="steps", save_steps=1, save_episodes=True, learning_rate=1e-3,
+               lr_scheduler_type="constant")
+    whole = trainer_for(experiment, tiny, tmp_path / "whole", **run)
+    whole.train()
+    assert [g["lr"] for g in whole.optimizer.param_groups] == [1e-3, 3e-4]
+    whole.save_model(str(tmp_path / "final"))
+    for name in ("alice", "bob"):
+        folder = tmp_path / "final" / name
+        assert (folder / "adapter_model.safetensors").exists() and (folder / "tokenizer_config.json").exists()
+        card = (folder / "README.md").read_text()
+        assert f"It is the policy `{name}`" in card and f"policy `{name}`" in card.split("| algorithm |")[1]
+    traces = load_traces(tmp_path / "whole")
+    assert {(r["role"], r["policy"]) for r in traces} == {("player_0", "alice"), ("player_1", "bob")}
+
+    resumed = trainer_for(experiment, tiny, tmp_path / "resumed", **run)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "whole" / "checkpoint-1"))
+    for name in ("alice", "bob"):
+        final, again = adapter_state(whole.model, name), adapter_state(resumed.model, name)
+        assert max((final[k] - again[k]).abs().max().item() for k in final) < 1e-6, name
+    for group_whole, group_resumed in zip(whole.optimizer.param_groups, resumed.optimizer.param_groups):
+        for p, q in zip(group_whole["params"], group_resumed["params"]):
+            sw, sr = whole.optimizer.state[p], resumed.optimizer.state[q]
+            assert sw["step"] == sr["step"] and torch.allclose(sw["exp_avg"], sr["exp_avg"], atol=1e-7)
+
+
+# -- opponent pools ---------------------------------------------------------------------------------
+
+
+def pool_experiment(rule: dict | None = None) -> dict:
+    seat = {"model": "pool:policy"} | ({"pool": rule} if rule else {})
+    return {"model": {"name": "tiny"}, "algo": {"type": "grpo"}, "policies": {"policy": {"snapshot_every": 1}},
+            "env": [{"id": "kuhn_poker", "group_size": 4, "args": {"legal_choices": True}, "roles": {"player_1": seat}}]}
+
+
+def test_a_pool_seat_plays_frozen_snapshots_records_results_and_resumes(tmp_path, tiny):
+    run = dict(max_steps=3, save_strategy="steps", save_steps=2, save_episodes=True)
+    trainer = trainer_for(pool_experiment({"rule": "pfsp"}), tiny, tmp_path / "pool", **run)
+    trainer.train()
+    pool = trainer.rollout.pools["policy"]
+    assert [s.name for s in pool.snapshots] == ["policy@0", "policy@1", "policy@2"]
+    assert sum(s.games for s in pool.snapshots) == 3 * 2 * 4  # every episode's result, against whom it was drawn
+    live = dict(trainer.model.named_parameters())
+    for snapshot in pool.snapshots:  # frozen copies, never trained, and the first one is the initial weights
+        assert not any(p.requires_grad for p in snapshot.backend.model.parameters())
+    first = dict(pool.snapshots[0].backend.model.named_parameters())
+    assert any(not torch.equal(first[n], live[n]) for n in live)  # the policy moved on; its snapshot did not
+    traces = load_traces(tmp_path / "pool")
+    opponents = [r for r in traces if r["role"] == "player_1"]
+    assert opponents and all(not r["trainable"] and r["model"] == "pool:policy" for r in opponents)
+    assert {r["policy"] for r in opponents} <= {"policy@0", "policy@1", "policy@2"}
+    assert {r["policy"] for r in traces if r["role"] == "player_0"} == {"policy"}
+    logged = [h for h in trainer.state.log_history if any("/opponent/" in k for k in h)]
+    assert logged and any(k.endswith("/win_rate") for k in logged[-1])
+
+    resumed = trainer_for(pool_experiment({"rule": "pfsp"}), tiny, tmp_path / "again", **run)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "pool" / "checkpoint-2"))
+    again = resumed.rollout.pools["policy"]
+    assert [(s.name, s.games, s.wins) for s in again.snapshots] == [(s.name, s.games, s.wins) for s in pool.snapshots]
+    for a, b in zip(pool.snapshots, again.snapshots):
+        sa, sb = a.backend.model.state_dict(), b.backend.model.state_dict()
+        assert all(torch.allclose(sa[k], sb[k], atol=1e-6) for k in sa)
+
+
+def test_pool_rules_draw_by_their_weights(tiny):
+    model, tok = tiny
+    pool = OpponentPool("policy", PolicyConfig(snapshot_every=1, pool_size=3), model, tok)
+    pool.snapshots = [Snapshot(f"policy@{k}", k, None, wins=w, games=10) for k, w in enumerate((0, 5, 9, 10))]
+    rng = random.Random(0)
+
+    def shares(rule: PoolSamplingConfig, n: int = 20000) -> list[float]:
+        drawn = [pool.draw(rule, rng).step for _ in range(n)]
+        return [drawn.count(k) / n for k in range(4)]
+
+    assert shares(PoolSamplingConfig(rule="latest", k=2))[:2] == [0.0, 0.0]
+    uniform = shares(PoolSamplingConfig())
+    assert all(abs(x - 0.25) < 0.02 for x in uniform)
+    weights = [(1 - w / 10) ** 2 for w in (0, 5, 9, 10)]  # PFSP "hard": the snapshots the learner still loses to
+    pfsp = shares(PoolSamplingConfig(rule="pfsp"))
+    assert all(abs(x - w / sum(weights)) < 0.02 for x, w in zip(pfsp, weights)) and pfsp[3] == 0.0
+    pool.take(7)
+    pool.take(8)  # pool_size 3: the oldest leave first
+    assert [s.step for s in pool.snapshots] == [3, 7, 8]
+    assert json.dumps(pool.save.__doc__)  # documented
+
+
+def test_snapshots_of_a_lora_policy_are_frozen_adapters_on_the_same_base(tmp_path, tiny):
+    experiment = pool_experiment({"rule": "latest", "k": 1})
+    experiment["policies"]["policy"]["lora"] = LORA
+    trainer = trainer_for(experiment, tiny, tmp_path / "lora", max_steps=2, learning_rate=1e-2)
+    initial = adapter_state(trainer.model, "policy")
+    trainer.train()
+    model = trainer.model
+    assert set(model.peft_config) == {"policy", "policy_at_0", "policy_at_1"}
+    trained = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trained and all(".policy." in n for n in trained)
+    in_optimizer = {id(p) for g in trainer.optimizer.param_groups for p in g["params"]}
+    assert in_optimizer == {id(p) for n, p in model.named_parameters() if n in trained}
+    first, now = adapter_state(model, "policy_at_0"), adapter_state(model, "policy")
+    assert all(torch.equal(first[k], initial[k]) for k in initial)  # the step-0 snapshot kept the initial weights
+    assert any(not torch.equal(now[k], initial[k]) for k in initial)  # while the policy learned
+    assert model.active_adapter == "policy"
