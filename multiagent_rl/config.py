@@ -47,6 +47,8 @@ from .algorithms import ALGORITHMS, AlgorithmConfig, parse_algorithm_config
 from .backends.base import SamplingParams, check_trained_temperature
 from .backends.endpoint import EndpointConfig, is_endpoint_reference, parse_reference
 from .envs.registry import ENVS
+from .policies import (DEFAULT_POLICY, POOL_PREFIX, PolicyConfig, PoolSamplingConfig, check_policies,  # noqa: F401
+                       check_seat_binding, is_pool_reference, policy_of_seat)
 from .registry import import_object
 from .tasks.datasets import DatasetTasksConfig
 from .training.phases import PhaseConfig, apply_phases, phase_boundaries
@@ -65,45 +67,6 @@ logger = logging.getLogger(__name__)
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True, use_attribute_docstrings=True)
 
-
-POOL_PREFIX = "pool:"
-
-
-def is_pool_reference(model: str) -> bool:
-    """Whether a seat's ``model`` is ``"pool:NAME"`` (past snapshots of policy NAME)."""
-    return isinstance(model, str) and model.startswith(POOL_PREFIX)
-
-
-class PoolSamplingConfig(_Strict):
-    """How a ``pool:NAME`` seat draws its opponent for each task group (seeded, checkpointed)."""
-
-    rule: Literal["uniform", "latest", "pfsp"] = "uniform"
-    """``uniform`` over every snapshot (fictitious self-play), ``latest`` (uniform over the newest ``k``) or
-    ``pfsp`` (prioritised fictitious self-play: weight (1 − w)^``power`` with w the learner's win rate against the
-    snapshot, so the snapshots it still loses to are drawn most)."""
-    k: int = Field(5, ge=1)
-    """``latest``: how many of the newest snapshots."""
-    power: float = Field(2.0, ge=0)
-    """``pfsp``: the exponent of (1 − win rate)."""
-
-
-class PolicyConfig(_Strict):
-    """One learner (``[policies.NAME]``): a LoRA adapter on the shared base ``[model] name``, or, when it is the only
-    policy and has no adapter, the full model. Seats bind to it with ``policy = "NAME"``."""
-
-    lora: dict[str, Any] | None = None
-    """PEFT ``LoraConfig`` keyword arguments of this policy's adapter; default ``[model] lora``."""
-    learning_rate: float | None = Field(None, gt=0)
-    """This policy's learning rate; default ``[trainer] learning_rate`` (the scheduler scales each alike)."""
-    snapshot_every: int = Field(0, ge=0)
-    """Every this many steps (and at step 0) a frozen copy of the policy joins its opponent pool, which seats play
-    as ``model = "pool:NAME"``; 0: no snapshots (a pool seat then needs a nonzero value)."""
-    pool_size: int = Field(50, ge=1)
-    """Most snapshots kept (the oldest leave first); adapters are small, a full model is a full copy in memory."""
-
-
-DEFAULT_POLICY = "policy"
-"""The name of the one policy of a run without ``[policies]``."""
 
 
 class RoleConfig(_Strict):
@@ -138,18 +101,7 @@ class RoleConfig(_Strict):
     def _check(self):
         if self.model == "scripted" and self.policy is None:
             raise ValueError("model='scripted' needs `policy` (a function, or 'package.module:factory')")
-        if self.model not in ("scripted", "policy") and self.policy is not None:
-            raise ValueError(f"`policy` names the learner of a policy seat (or a scripted seat's function); this "
-                             f"seat has model={self.model!r}")
-        if self.model == "policy" and self.policy is not None and not isinstance(self.policy, str):
-            raise ValueError("a policy seat's `policy` is the name of a [policies] entry (a string)")
-        if self.pool is not None and not is_pool_reference(self.model):
-            raise ValueError(f"`pool` is for model = 'pool:NAME' seats; this seat has model={self.model!r}")
-        if is_pool_reference(self.model):
-            if self.trainable:
-                raise ValueError(f"{self.model!r}: a pool seat plays past snapshots and is never trained; "
-                                 "remove trainable = true")
-            self.trainable = False
+        check_seat_binding(self)
         if self.trainable is False and self.algo is not None:
             raise ValueError(
                 f"the seat names algo {self.algo.type!r} but trainable = false, so the algorithm would never run; "
@@ -312,7 +264,7 @@ class ExperimentConfig(_Strict):
         if "model" not in self.model_fields_set:
             _warn_default_model()
         self._apply_phases()
-        self._check_policies()
+        check_policies(self)
         check_trained_temperature(self.trainer.get("temperature", 1.0), "[trainer] temperature")
         for i, env in enumerate(self.env):
             for role, rc in env.roles.items():
@@ -342,55 +294,9 @@ class ExperimentConfig(_Strict):
         ``[model] lora`` through TRL's ``peft_config``)."""
         return len(self.policies) > 1 or any(p.lora is not None for p in self.policies.values())
 
-    def policy_lora(self, name: str) -> dict[str, Any]:
-        lora = self.policy_config(name).lora or self.model.lora
-        if lora is None:
-            raise ValueError(f"[policies.{name}]: several policies train as LoRA adapters on one base model; set "
-                             f"[policies.{name}] lora = {{r = 16, target_modules = \"all-linear\"}} (or [model] lora "
-                             "for all of them)")
-        return lora
-
     def policy_of_seat(self, env: EnvConfig, role: str) -> str:
-        """The learner that plays and learns from policy seat ``role`` of ``env``."""
-        rc = env.roles.get(role)
-        named = rc.policy if rc is not None and rc.model == "policy" else None
-        names = self.policy_names()
-        if named is None:
-            if len(names) > 1:
-                raise ValueError(f"env {env.name or env.id!r} role {role!r} plays a policy but [policies] defines "
-                                 f"{names}: name one with [env.roles.{role}] policy = \"{names[0]}\"")
-            return names[0]
-        if named not in names:
-            raise ValueError(f"env {env.name or env.id!r} role {role!r}: policy = {named!r} is not in [policies] "
-                             f"({names}); add [policies.{named}] or bind one of those")
-        return named
-
-    def _check_policies(self) -> None:
-        names = self.policy_names()
-        for name in self.policies:
-            if self.uses_adapters:
-                self.policy_lora(name)
-        if self.uses_adapters and self.model.backend != "transformers":
-            raise ValueError(f"[policies] with LoRA adapters needs [model] backend = 'transformers' (the vLLM "
-                             f"backends here sync one merged policy; multi-LoRA serving is not wired yet); got "
-                             f"{self.model.backend!r}")
-        for env in self.env:
-            for role, rc in env.roles.items():
-                if len(names) > 1 and rc.model != "policy" and self.seat_trainable(env, role):
-                    raise ValueError(f"env {env.name or env.id!r} role {role!r}: a trainable seat played by "
-                                     f"{rc.model!r} (imitation) with several [policies] would not say which policy "
-                                     "learns from it; that is not supported yet: set trainable = false, or train one "
-                                     "policy")
-                if rc.model == "policy":
-                    self.policy_of_seat(env, role)
-                elif is_pool_reference(rc.model):
-                    target = rc.model[len(POOL_PREFIX):]
-                    if target not in names:
-                        raise ValueError(f"env {env.name or env.id!r} role {role!r}: {rc.model!r} names no policy; "
-                                         f"policies: {names}")
-                    if not self.policy_config(target).snapshot_every:
-                        raise ValueError(f"env {env.name or env.id!r} role {role!r} plays {rc.model!r}, but policy "
-                                         f"{target!r} takes no snapshots: set [policies.{target}] snapshot_every = N")
+        """[`policy_of_seat`][multiagent_rl.policies.policy_of_seat]."""
+        return policy_of_seat(self, env, role)
 
     def _apply_phases(self) -> None:
         apply_phases(self.phase, self.env, env_labels(self))

@@ -4,7 +4,8 @@
     python recipes/kuhn_poker.py --resume              # continue from the latest checkpoint in --output-dir
     accelerate launch recipes/kuhn_poker.py --model Qwen/Qwen2.5-0.5B-Instruct
 
-One policy plays both seats. Every reply goes through the legal-action harness: it is constrained
+One policy plays both seats (``--opponents pool``: each seat against a frozen past snapshot of itself, drawn per
+deal from its opponent pool; ``--pool-rule``, ``--snapshot-every``). Every reply goes through the legal-action harness: it is constrained
 to the two legal words and trained with the softmax over just those (``--free-text`` lets the
 model reply anything, re-prompting and then forfeiting invalid replies). Phase 1
 (``--warmup-steps``) imitates, with ``sft``, a scripted player whose mixed strategy is random at
@@ -56,13 +57,15 @@ WARMUP_POLICY = "multiagent_rl.envs.kuhn_poker:random_mixed_policy"
 DEFAULTS = dict(model="tiny", backend="transformers", vllm_mode="colocate", vllm_url=None, algo="grpo", steps=2400,
                 warmup_steps=100, group_size=8, warmup_group_size=None, groups_per_step=16, lr=3e-4, warmup_lr=3e-3, entropy_coef=None,
                 entropy_final=None, magnet_coef=None, magnet_every=200, final_lr_ratio=None,
+                opponents="self", pool_rule="uniform", snapshot_every=50, pool_size=100,
                 output_dir="outputs/kuhn_poker", seed=0, report_to=[])
 # Flags that rewrite a --config file's settings, and where they go.
 OVERRIDES = {"steps": "max_steps", "lr": "learning_rate", "seed": "seed", "report_to": "report_to",
              "groups_per_step": "groups_per_step", "output_dir": "output_dir"}
 NOT_WITH_CONFIG = ("warmup_steps", "warmup_group_size", "warmup_lr", "free_text", "backend", "vllm_mode", "vllm_url",
                    "entropy_coef", "entropy_final",
-                   "magnet_coef", "magnet_every", "final_lr_ratio")
+                   "magnet_coef", "magnet_every", "final_lr_ratio", "opponents", "pool_rule", "snapshot_every",
+                   "pool_size")
 
 
 def warmup_teacher(config: ExperimentConfig) -> dict | None:
@@ -80,6 +83,14 @@ def experiment(args) -> ExperimentConfig:
                    "algo": {"type": "sft"}}
     env_args = {"legal_choices": not args.free_text, "reward": "unit" if args.algo == "max_rl" else "chips"}
     envs = [{"id": "kuhn_poker", "args": env_args, "group_size": args.group_size}]  # labelled by its id
+    policies = {}
+    if args.opponents == "pool":  # the policy plays each seat against a snapshot drawn from its pool
+        seat = {"model": "pool:policy", "pool": {"rule": args.pool_rule}}
+        envs = [{"id": "kuhn_poker", "name": f"kuhn_vs_pool_{learner}", "args": env_args, "group_size": args.group_size,
+                 "roles": {other: seat}} for learner, other in (("p0", "player_1"), ("p1", "player_0"))]
+        policies = {"policy": {"snapshot_every": args.snapshot_every, "snapshot_start": args.warmup_steps,
+                               "pool_size": args.pool_size}}
+    rl_envs = [e.get("name", e["id"]) for e in envs]
     phases = []
     if args.warmup_steps:
         envs.insert(0, {"id": "kuhn_poker", "name": "kuhn_poker_warmup", "args": env_args,
@@ -88,7 +99,7 @@ def experiment(args) -> ExperimentConfig:
         # the RL phase starts with a fresh Adam: the warm-up's second moments would shrink its first few hundred steps
         phases = [{"name": "warmup", "steps": args.warmup_steps, "envs": ["kuhn_poker_warmup"],
                    "learning_rate": args.warmup_lr},
-                  {"name": "selfplay", "envs": ["kuhn_poker"], "fresh_optimizer": not args.carry_warmup_optimizer}]
+                  {"name": "selfplay", "envs": rl_envs, "fresh_optimizer": not args.carry_warmup_optimizer}]
     regularisers = []
     if args.entropy_coef or args.entropy_final is not None:
         regularisers.append({"type": "entropy", "coef": args.entropy_coef,
@@ -102,6 +113,7 @@ def experiment(args) -> ExperimentConfig:
         "model": {"name": args.model, "backend": args.backend, "lora": lora_config(args.lora),
                   "vllm": {"mode": args.vllm_mode, **({"base_url": args.vllm_url} if args.vllm_url else {})}},
         "env": envs,
+        "policies": policies,
         "phase": phases,
         "regulariser": regularisers,
         "trainer": {
@@ -188,6 +200,15 @@ def parse(argv=None) -> tuple[argparse.Namespace, set[str]]:
                         "(the warm-up's own rate overrides its steps). Default 0.3 with the magnet (near the fixed "
                         "point a constant rate leaves Adam's steps a random walk of the sampling noise), 1 (constant) "
                         "without it")
+    p.add_argument("--opponents", choices=("self", "pool"),
+                   help="self: the policy plays both seats of every game (default); pool: it plays each seat against a "
+                        "frozen past snapshot of itself drawn per deal from its opponent pool (--pool-rule)")
+    p.add_argument("--pool-rule", choices=("uniform", "latest", "pfsp"),
+                   help="with --opponents pool: uniform over the pool (fictitious self-play, default), the latest 5, or "
+                        "prioritised by the learner's losses against each snapshot (PFSP)")
+    p.add_argument("--snapshot-every", type=int,
+                   help="with --opponents pool: steps between snapshots, from the end of the warm-up (default 50)")
+    p.add_argument("--pool-size", type=int, help="with --opponents pool: most snapshots kept (default 100)")
     p.add_argument("--carry-warmup-optimizer", action="store_true",
                    help="keep the warm-up's Adam state into the RL phase instead of starting RL with a fresh one "
                         "(the setting of the earlier results in docs/kuhn_poker_results.md)")

@@ -33,7 +33,7 @@ from ..envs.base import DEFAULT_EPISODE_TIMEOUT, Env, play_episodes, run_sync
 from ..episodes.episode import Episode
 from ..tasks.datasets import DatasetTasks
 from .health import RunHealth
-from .pools import OpponentPool, learner_outcome
+from .pools import build_pools, opponent_metrics, record_results
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ class Orchestrator:
         """Per learner, the backend its seats sample from (one entry, ``policy``, without ``[policies]``)."""
         if policies is not None and set(policies) != set(names):
             raise ValueError(f"policies {sorted(policies)} do not match the config's [policies] {names}")
-        self.pools = self._build_pools()
+        self.pools = build_pools(self.experiment, self.policies)
         """Per policy with ``snapshot_every``, its opponent pool."""
         self.seed, self.rank = seed, rank
         self.groups_per_step, self.max_concurrency = groups_per_step, max_concurrency
@@ -136,25 +136,6 @@ class Orchestrator:
         model, tok = load_model_and_tokenizer(experiment.model.name, device=kwargs.get("device"))
         policy = TransformersBackend(model.eval(), tok, model_id="policy")
         return cls(experiment, policy, policy_model=model, **kwargs)
-
-    def _build_pools(self) -> dict[str, OpponentPool]:
-        pools = {}
-        for name in self.experiment.policy_names():
-            config = self.experiment.policy_config(name)
-            if not config.snapshot_every:
-                continue
-            backend = self.policies.get(name)
-            model = getattr(backend, "model", None)
-            if model is None:
-                raise ValueError(f"[policies.{name}] snapshot_every: opponent pools copy the live transformers policy; "
-                                 "this run's policy has no module here (a served policy); use backend = 'transformers'")
-            adapter = getattr(backend, "adapter", None)
-            if adapter is None and hasattr(model, "peft_config"):  # [model] lora through TRL: one adapter
-                adapter = model.active_adapter
-                if not hasattr(model, "_multiagent_rl_trained_adapters"):
-                    model._multiagent_rl_trained_adapters = [adapter]
-            pools[name] = OpponentPool(name, config, model, backend.tokenizer, adapter=adapter)
-        return pools
 
     def take_snapshots(self, step: int) -> None:
         """Copy every pooled policy that is due at ``step`` into its pool (once per step)."""
@@ -250,18 +231,6 @@ class Orchestrator:
                 ep.info["opponents"] = dict(opponents)
         return episodes
 
-    def _record_pool_results(self, episodes: list[Episode]) -> None:
-        for ep in episodes:
-            opponents = ep.info.get("opponents") if ep.ok else None
-            if not opponents:
-                continue
-            outcome = learner_outcome(ep, set(opponents))
-            if outcome is None:
-                continue
-            slot = self.slot_of[ep.env]
-            for role, name in opponents.items():
-                self.pools[slot.pool_seats[role][0]].record(name, outcome)
-
     def _warn_silent_seats(self, episodes: list[Episode]) -> None:
         """Once per env and seat: a trainable seat that no finished episode of this step has a trace of (its env's
         ``run`` never called it) is neither trained nor in the metrics."""
@@ -328,7 +297,7 @@ class Orchestrator:
         for ep in everyone:
             self._check_streams(ep)
         self.last_episodes = episodes
-        self._record_pool_results(everyone)
+        record_results(self.pools, everyone, {s.label: s.pool_seats for s in self.slots if s.pool_seats})
         self.episodes_played += len(everyone)
         if self.sink is not None:
             self.sink.write(episodes, step)
@@ -381,16 +350,7 @@ def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
         per_env[ep.env].append(ep)
     for env, eps in per_env.items():
         metrics[f"{env}/failed_episodes"] = float(sum(not e.ok for e in eps))
-        against = defaultdict(list)  # pool snapshot -> the learner's (reward, outcome) per episode
-        for ep in eps:
-            for role, name in (ep.info.get("opponents") or {}).items() if ep.ok else ():
-                outcome = learner_outcome(ep, {role})
-                if outcome is not None:
-                    mine = sum(t.reward for t in ep.traces if t.trainable)
-                    against[name].append((mine, outcome))
-        for name, results in against.items():
-            metrics[f"{env}/opponent/{name}/learner_reward"] = sum(r for r, _ in results) / len(results)
-            metrics[f"{env}/opponent/{name}/win_rate"] = sum(w for _, w in results) / len(results)
+        metrics.update(opponent_metrics(env, eps))
         by_key = defaultdict(list)
         for ep in eps:
             if ep.ok:

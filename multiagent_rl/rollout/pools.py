@@ -1,7 +1,7 @@
 """Opponent pools: frozen snapshots of a policy that seats play as ``model = "pool:NAME"``.
 
-A policy with ``[policies.NAME] snapshot_every = N`` is copied into its pool at step 0 and every N steps (the
-oldest copy leaves once ``pool_size`` are kept). A snapshot of a LoRA policy is one more (frozen) adapter on the
+A policy with ``[policies.NAME] snapshot_every = N`` is copied into its pool at step ``snapshot_start`` (default 0)
+and every N steps after it (the oldest copy leaves once ``pool_size`` are kept). A snapshot of a LoRA policy is one more (frozen) adapter on the
 shared base; a snapshot of a full model is a full frozen copy in memory. Each task group of an env with a pool seat
 draws one snapshot ([`PoolSamplingConfig`][multiagent_rl.config.PoolSamplingConfig]: uniform over the pool, which is
 fictitious self-play; the latest k; or prioritised fictitious self-play by the learner's win rate against each), so
@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import os
 import random
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,8 +56,9 @@ class OpponentPool:
     snapshots: list[Snapshot] = field(default_factory=list)
 
     def due(self, step: int) -> bool:
-        every = self.config.snapshot_every
-        return bool(every) and step % every == 0 and not any(s.step == step for s in self.snapshots)
+        every, start = self.config.snapshot_every, self.config.snapshot_start
+        return (bool(every) and step >= start and (step - start) % every == 0
+                and not any(s.step == step for s in self.snapshots))
 
     def take(self, step: int, state: dict | None = None) -> Snapshot:
         """Copy the policy as it is now (or with ``state``, a saved snapshot's weights) into the pool."""
@@ -84,7 +86,9 @@ class OpponentPool:
     def draw(self, rule: PoolSamplingConfig, rng: random.Random) -> Snapshot:
         """One snapshot by ``rule`` (uniform, latest-k or PFSP)."""
         if not self.snapshots:
-            raise RuntimeError(f"the pool of {self.policy!r} is empty: snapshots start at step 0")
+            raise RuntimeError(f"the pool of {self.policy!r} is empty: its first snapshot is at step "
+                               f"{self.config.snapshot_start} ([policies.{self.policy}] snapshot_start); start the env "
+                               "of its pool seat there (start_step, or a phase)")
         if rule.rule == "latest":
             return rng.choice(self.snapshots[-rule.k:])
         if rule.rule == "pfsp":
@@ -128,6 +132,54 @@ class OpponentPool:
             snapshot.wins, snapshot.games = entry["wins"], entry["games"]
 
 
+def build_pools(experiment, policies: dict) -> dict[str, OpponentPool]:
+    """Per learner with ``snapshot_every``, its (empty) pool over the live module its backend in ``policies`` serves."""
+    pools = {}
+    for name in experiment.policy_names():
+        config = experiment.policy_config(name)
+        if not config.snapshot_every:
+            continue
+        backend = policies.get(name)
+        model = getattr(backend, "model", None)
+        if model is None:
+            raise ValueError(f"[policies.{name}] snapshot_every: opponent pools copy the live transformers policy; "
+                             "this run's policy has no module here (a served policy); use backend = 'transformers'")
+        adapter = getattr(backend, "adapter", None)
+        if adapter is None and hasattr(model, "peft_config"):  # [model] lora through TRL: its one adapter
+            adapter = model.active_adapter
+            if not adapters.trained_adapters(model):
+                setattr(model, adapters.TRAINED, [adapter])
+        pools[name] = OpponentPool(name, config, model, backend.tokenizer, adapter=adapter)
+    return pools
+
+
+def record_results(pools: dict[str, OpponentPool], episodes, pool_seats: dict[str, dict]) -> None:
+    """Count each finished episode's result against the snapshots it was played with (``episode.info["opponents"]``;
+    ``pool_seats``: env label → role → (policy, rule, agent config))."""
+    for ep in episodes:
+        opponents = ep.info.get("opponents") if ep.ok else None
+        outcome = learner_outcome(ep, set(opponents)) if opponents else None
+        if outcome is None:
+            continue
+        for role, name in opponents.items():
+            pools[pool_seats[ep.env][role][0]].record(name, outcome)
+
+
+def opponent_metrics(env: str, episodes) -> dict[str, float]:
+    """Per snapshot faced in ``episodes`` (of env label ``env``): the learner's mean reward and win rate."""
+    against = defaultdict(list)
+    for ep in episodes:
+        for role, name in (ep.info.get("opponents") or {}).items() if ep.ok else ():
+            outcome = learner_outcome(ep, {role})
+            if outcome is not None:
+                against[name].append((sum(t.reward for t in ep.traces if t.trainable), outcome))
+    metrics = {}
+    for name, results in against.items():
+        metrics[f"{env}/opponent/{name}/learner_reward"] = sum(r for r, _ in results) / len(results)
+        metrics[f"{env}/opponent/{name}/win_rate"] = sum(w for _, w in results) / len(results)
+    return metrics
+
+
 def _adapter_name(snapshot: str) -> str:
     return snapshot.replace("@", "_at_")
 
@@ -143,4 +195,4 @@ def learner_outcome(episode, opponent_roles: set[str]) -> float | None:
     return 1.0 if a > b else 0.5 if a == b else 0.0
 
 
-__all__ = ["OpponentPool", "Snapshot", "learner_outcome"]
+__all__ = ["OpponentPool", "Snapshot", "build_pools", "learner_outcome", "opponent_metrics", "record_results"]

@@ -16,8 +16,11 @@ import os
 
 import torch
 
-from ..models.adapters import use_adapter
+from ..backends import TransformersBackend, build_policy_backend
+from ..models.adapters import add_adapters, use_adapter
+from ..policies import policy_lora
 from .logits import Scored
+from .loss import add_global_counts
 
 
 def _policy_of_parameter(name: str, policies: list[str]) -> str | None:
@@ -56,6 +59,28 @@ class PoliciesMixin:
     def several_policies(self) -> bool:
         return len(self.policy_names) > 1
 
+    def with_adapters(self, model):
+        """``(model, peft_config)`` for TRL: with adapters a ``PeftModel`` with one trainable adapter per policy, named
+        after it (and no ``peft_config``); else the model and ``[model] lora`` as a ``LoraConfig`` (or None)."""
+        from peft import LoraConfig
+
+        if not self.experiment.uses_adapters:
+            lora = self.experiment.model.lora
+            return model, None if lora is None else LoraConfig(task_type="CAUSAL_LM", **lora)
+        return add_adapters(model, {name: policy_lora(self.experiment, name) for name in self.policy_names}), None
+
+    def policy_backends(self, policy, tokenizer) -> dict:
+        """Per policy, the backend its seats sample from: with adapters, the live model with that adapter active
+        (requests batched per adapter); else the one policy's ``[model] backend``."""
+        names, args = self.policy_names, self.args
+        if self.experiment.uses_adapters:
+            return {name: TransformersBackend(policy, tokenizer, model_id="policy", adapter=name, policy_name=name,
+                                              max_batch_size=args.max_concurrency) for name in names}
+        backend = build_policy_backend(self.experiment.model, policy, tokenizer, seed=args.seed,
+                                       max_batch_size=args.max_concurrency, endpoints=self.experiment.endpoints)
+        backend.policy_name = names[0]
+        return {names[0]: backend}
+
     def check_policies_supported(self) -> None:
         """Refuse, naming the way out, what several policies cannot do here yet."""
         if not self.several_policies:
@@ -68,6 +93,11 @@ class PoliciesMixin:
                              "pass per adapter, which DDP's one-forward-per-backward reducer does not allow; launch "
                              "one process, or one policy per run")
 
+    def count_tokens(self, batch: dict, all_reduce_sum) -> None:
+        """Each stream's global token count into ``batch`` (with several policies: per policy, by ``policy_index``)."""
+        self.index_policies(batch)
+        add_global_counts(batch, all_reduce_sum, num_policies=len(self.policy_names))
+
     def index_policies(self, batch: dict) -> None:
         """With several policies: ``batch["policy_index"]`` (B,), each row's policy (padding rows: the first)."""
         if not self.several_policies:
@@ -76,7 +106,8 @@ class PoliciesMixin:
         unknown = sorted({p for p in batch["policy"] if p is not None and p not in names})
         if unknown:
             raise RuntimeError(f"traces of policies {unknown} reached the batch, which trains {names}")
-        batch["policy_index"] = torch.tensor([names.index(p) if p is not None else 0 for p in batch["policy"]])
+        batch["policy_index"] = torch.tensor([names.index(p) if p is not None else 0 for p in batch["policy"]],
+                                             device=batch["completion_ids"].device)
 
     def score_policies(self, model, batch: dict, compute_entropy: bool = False, need_logits: bool = False) -> Scored:
         """The scorer's per-token logprobs (and entropies) of ``batch``, each row under its own policy's adapter."""

@@ -21,12 +21,11 @@ from datasets import Dataset
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from trl import GRPOTrainer
 
-from ..backends import SamplingParams, TransformersBackend, build_policy_backend
+from ..backends import SamplingParams
 from ..config import ExperimentConfig
 from ..data.traces import episode_sink
 from ..episodes.episode import Episode
 from ..models import load_model_and_tokenizer
-from ..models.adapters import add_adapters
 from ..rollout.engine import Orchestrator, RolloutStep
 from ..rollout.health import RunHealth, RunStopped
 from . import loss as loss_module
@@ -53,8 +52,7 @@ def _rewards_come_from_environments(*args, **kwargs):
 
 
 class MixedAlgorithmTrainer(PoliciesMixin, PublishingMixin, GRPOTrainer):
-    """Train one policy, or several (``[policies]``: LoRA adapters on one base), on a mix of multi-agent environments
-    with per-env / per-role algorithms.
+    """Train one policy or several (``[policies]``) on a mix of multi-agent environments, per-env / per-role algorithms.
 
     ```pycon
     >>> trainer = MixedAlgorithmTrainer({"algo": {"type": "rae"}, "env": [{"id": "kuhn_poker"}],
@@ -76,14 +74,7 @@ class MixedAlgorithmTrainer(PoliciesMixin, PublishingMixin, GRPOTrainer):
             processing_class = processing_class or tok
         elif processing_class is None:
             raise ValueError("Pass processing_class (the tokenizer) together with a model object")
-        peft_config = None
-        names = experiment.policy_names()
-        if experiment.uses_adapters:  # one adapter per policy, named after it; TRL gets the PeftModel as it is
-            model = add_adapters(model, {name: experiment.policy_lora(name) for name in names})
-        elif experiment.model.lora is not None:
-            from peft import LoraConfig
-
-            peft_config = LoraConfig(task_type="CAUSAL_LM", **experiment.model.lora)
+        model, peft_config = self.with_adapters(model)
         super().__init__(model=model, reward_funcs=_rewards_come_from_environments, args=args,
                          train_dataset=Dataset.from_dict({"prompt": [""] * 1024}), processing_class=processing_class,
                          callbacks=callbacks, peft_config=peft_config)
@@ -97,17 +88,9 @@ class MixedAlgorithmTrainer(PoliciesMixin, PublishingMixin, GRPOTrainer):
         self.tokenizer = processing_class
         policy = self.accelerator.unwrap_model(self.model)
         rank = self.accelerator.process_index
-        if experiment.uses_adapters:
-            policies = {name: TransformersBackend(policy, processing_class, model_id="policy", adapter=name,
-                                                  policy_name=name, max_batch_size=args.max_concurrency)
-                        for name in names}
-        else:
-            policies = {names[0]: build_policy_backend(experiment.model, policy, processing_class, seed=args.seed,
-                                                       max_batch_size=args.max_concurrency,
-                                                       endpoints=experiment.endpoints)}
-            policies[names[0]].policy_name = names[0]
+        policies = self.policy_backends(policy, processing_class)
         self.rollout = Orchestrator(
-            experiment, policies[names[0]], policies=policies,
+            experiment, next(iter(policies.values())), policies=policies,
             policy_model=policy, device=self.accelerator.device, seed=args.seed, rank=rank,
             groups_per_step=args.groups_per_step, max_concurrency=args.max_concurrency,
             sampling=SamplingParams(temperature=args.temperature, top_p=args.top_p,
@@ -158,10 +141,8 @@ class MixedAlgorithmTrainer(PoliciesMixin, PublishingMixin, GRPOTrainer):
         batch = collate(trainable_samples(self.rollout_step.local, args.skip_zero_advantage),
                         self.tokenizer.pad_token_id, multiple_of=args.steps_per_generation,
                         temperature=self.temperature, skip_zero_advantage=args.skip_zero_advantage)
-        self.index_policies(batch)
         batch = {k: v.to(self.accelerator.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-        loss_module.add_global_counts(batch, lambda t: self.accelerator.reduce(t, reduction="sum"),
-                                      num_policies=len(self.experiment.policy_names()))
+        self.count_tokens(batch, lambda t: self.accelerator.reduce(t, reduction="sum"))
         correct = args.vllm_importance_sampling_correction and not self.rollout.policy.exact_logprobs
         if correct or args.steps_per_generation > args.gradient_accumulation_steps or self.num_iterations > 1:
             # Several optimizer steps reuse this batch, or another engine sampled it: freeze the trainer's logprobs
