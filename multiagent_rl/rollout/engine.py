@@ -128,14 +128,21 @@ class Orchestrator:
 
     @classmethod
     def from_config(cls, experiment: ExperimentConfig | dict, **kwargs) -> Orchestrator:
-        """An orchestrator whose policy is ``[model] name`` loaded here, frozen (evaluation, notebooks)."""
+        """An orchestrator whose policy is ``[model] name`` loaded here, frozen (evaluation, notebooks); with
+        ``[policies]`` adapters, each policy a fresh adapter on it."""
         from ..models import load_model_and_tokenizer
+        from ..models.adapters import add_adapters
+        from ..policies import policy_lora
 
         experiment = experiment if isinstance(experiment, ExperimentConfig) else ExperimentConfig.model_validate(
             experiment)
         model, tok = load_model_and_tokenizer(experiment.model.name, device=kwargs.get("device"))
-        policy = TransformersBackend(model.eval(), tok, model_id="policy")
-        return cls(experiment, policy, policy_model=model, **kwargs)
+        names = experiment.policy_names()
+        if experiment.uses_adapters:
+            model = add_adapters(model, {name: policy_lora(experiment, name) for name in names})
+        policies = {name: TransformersBackend(model.eval(), tok, model_id="policy", policy_name=name,
+                                              adapter=name if experiment.uses_adapters else None) for name in names}
+        return cls(experiment, policies[names[0]], policies=policies, policy_model=model, **kwargs)
 
     def take_snapshots(self, step: int) -> None:
         """Copy every pooled policy that is due at ``step`` into its pool (once per step)."""
