@@ -96,6 +96,9 @@ class RoleConfig(_Strict):
     environment's choice for this role (``Env.default_harness``), else ``chat``."""
     pool: PoolSamplingConfig | None = None
     """``model = "pool:NAME"`` seats: how the opponent is drawn from the pool (default: uniform)."""
+    learner: str | None = None
+    """A trainable seat another player plays (``sft`` imitating a scripted or frozen one): the ``[policies]`` entry
+    that learns from it (default: the only one)."""
 
     @model_validator(mode="after")
     def _check(self):

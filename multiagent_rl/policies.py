@@ -77,6 +77,15 @@ def check_seat_binding(rc) -> None:
         rc.trainable = False
 
 
+def learner_of_seat(experiment, env, role: str) -> str:
+    """The learner trained on the traces of seat ``role`` of ``env``: a policy seat's policy, else its ``learner``
+    (default: the only policy)."""
+    rc = env.roles.get(role)
+    if rc is None or rc.model == "policy":
+        return policy_of_seat(experiment, env, role)
+    return rc.learner or experiment.policy_names()[0]
+
+
 def policy_lora(experiment, name: str) -> dict[str, Any]:
     """The ``LoraConfig`` arguments of learner ``name``'s adapter: its own, else ``[model] lora``."""
     lora = experiment.policy_config(name).lora or experiment.model.lora
@@ -116,10 +125,13 @@ def check_policies(experiment) -> None:
     for env in experiment.env:
         for role, rc in env.roles.items():
             where = f"env {env.name or env.id!r} role {role!r}"
-            if len(names) > 1 and rc.model != "policy" and experiment.seat_trainable(env, role):
+            if rc.learner is not None and (rc.model == "policy" or rc.learner not in names):
+                raise ValueError(f"{where}: learner = {rc.learner!r} names the [policies] entry that learns from a "
+                                 f"seat another player plays; policies: {names}" + (
+                                     "; a policy seat names its own with `policy`" if rc.model == "policy" else ""))
+            if len(names) > 1 and rc.model != "policy" and rc.learner is None and experiment.seat_trainable(env, role):
                 raise ValueError(f"{where}: a trainable seat played by {rc.model!r} (imitation) with several "
-                                 "[policies] would not say which policy learns from it; that is not supported yet: "
-                                 "set trainable = false, or train one policy")
+                                 f"[policies]: say which one learns from it, learner = \"{names[0]}\"")
             if rc.model == "policy":
                 policy_of_seat(experiment, env, role)
             elif is_pool_reference(rc.model):

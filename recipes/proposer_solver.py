@@ -48,23 +48,30 @@ def experiment(args) -> ExperimentConfig:
         game |= {"prompts": "instructed", "verify": True, "proposal_tokens": PROPOSAL_TOKENS,
                  "answer_tokens": ANSWER_TOKENS}
     menu = not args.free_text
+    separate = args.learners == "separate"  # proposer and solver: two LoRA adapters, each learning from its own seats
+    bind = (lambda role: {"policy": role}) if separate else (lambda role: {})
     imitate = {"model": "scripted", "algo": {"type": "sft"}}
     uniform = {"model": "scripted", "policy": f"{ENV}:uniform_proposer"}
     envs = [
         {"id": "proposer_solver", "name": "curriculum", "args": {**game, "menu": menu}, "group_size": args.group_size,
-         "roles": {} if args.proposer == "trained" else {"proposer": uniform}},
+         "roles": {"proposer": bind("proposer") if args.proposer == "trained" else uniform, "solver": bind("solver")}},
         # the same solver on a uniform proposer's problems, not trained on: the learnability baseline
         {"id": "proposer_solver", "name": "uniform_probe", "args": {**game, "menu": menu},
          "group_size": args.group_size, "weight": args.probe_weight,
-         "roles": {"proposer": uniform, "solver": {"trainable": False}}},
+         "roles": {"proposer": uniform, "solver": {"trainable": False, **bind("solver")}}},
     ]
     if args.warmup_steps:
+        learner = (lambda role: {"learner": role}) if separate else (lambda role: {})
         envs.insert(0, {"id": "proposer_solver", "name": "proposer_solver_warmup", "args": game,
                         "group_size": args.group_size,
-                        "roles": {"proposer": {**imitate, "policy": f"{ENV}:uniform_proposer"},
-                                  "solver": {**imitate, **warmup_solver(args.warmup_solver_accuracy)}}})
+                        "roles": {"proposer": {**imitate, "policy": f"{ENV}:uniform_proposer", **learner("proposer")},
+                                  "solver": {**imitate, **warmup_solver(args.warmup_solver_accuracy),
+                                             **learner("solver")}}})
+    if separate and not args.lora:
+        raise SystemExit("--learners separate trains two LoRA adapters on one base: give --lora R (e.g. --lora 16)")
     return ExperimentConfig.model_validate({
         "model": {"name": args.model, "lora": lora_config(args.lora)},
+        "policies": {"proposer": {}, "solver": {}} if separate else {},
         "env": envs,
         "phase": warmup_then_rl(args.warmup_steps, ["proposer_solver_warmup"], ["curriculum", "uniform_probe"],
                                 args.warmup_lr),
@@ -146,6 +153,9 @@ def main(argv=None) -> dict:
                         "menu, with the env's 'instructed' prompts: for a pretrained chat model")
     p.add_argument("--temperature", type=float, default=None,
                    help="sampling temperature of the policy (trained at it). Default 1; 0.7 with --free-text")
+    p.add_argument("--learners", choices=("shared", "separate"), default="shared",
+                   help="shared: one policy plays proposer and solvers (default); separate: two LoRA adapters on one "
+                        "base (needs --lora), the proposer's trained only on proposals, the solver's on answers")
     p.add_argument("--levels", type=int, nargs="+", default=[1, 2, 3, 4, 5, 6], help="the difficulty levels proposed")
     p.add_argument("--topic", default="addition", help="the kind of problem")
     p.add_argument("--solvers", type=int, default=4, help="solver attempts per proposal")

@@ -90,6 +90,29 @@ def test_policies_bind_by_name_and_bad_bindings_say_the_fix():
             "a pool seat plays past snapshots and is never trained")
 
 
+def test_an_imitation_seat_names_its_learner_and_its_rows_go_to_it():
+    from multiagent_rl.training.policies import PoliciesMixin
+
+    config = two_policies()
+    teacher = {"model": "scripted", "policy": "multiagent_rl.envs.kuhn_poker:random_policy", "algo": {"type": "sft"}}
+    config["env"].insert(0, {"id": "kuhn_poker", "name": "warmup", "roles": {"player_0": teacher,
+                                                                          "player_1": {**teacher, "learner": "bob"}}})
+    with pytest.raises(pydantic.ValidationError, match=r"role 'player_0': a trainable seat played by 'scripted' "
+                                                       r"\(imitation\) with several \[policies\]: say which one"):
+        ExperimentConfig.model_validate(config)
+    config["env"][0]["roles"]["player_0"]["learner"] = "alice"
+    experiment = ExperimentConfig.model_validate(config)
+
+    class Routing(PoliciesMixin):
+        def __init__(self):
+            self.experiment = experiment
+
+    batch = {"policy": [None, None, "bob", "alice", None], "env": ["warmup", "warmup", "kuhn_poker", "kuhn_poker", ""],
+             "role": ["player_0", "player_1", "player_1", "player_0", ""], "completion_ids": torch.zeros(5, 1)}
+    Routing().index_policies(batch)
+    assert batch["policy_index"].tolist() == [0, 1, 1, 0, 0]  # the last is a padding row
+
+
 # -- training several policies --------------------------------------------------------------------
 
 

@@ -18,7 +18,8 @@ import torch
 
 from ..backends import TransformersBackend, build_policy_backend
 from ..models.adapters import add_adapters, use_adapter
-from ..policies import policy_lora
+from ..config import env_labels
+from ..policies import learner_of_seat, policy_lora
 from .logits import Scored
 from .loss import add_global_counts
 
@@ -106,8 +107,10 @@ class PoliciesMixin:
         unknown = sorted({p for p in batch["policy"] if p is not None and p not in names})
         if unknown:
             raise RuntimeError(f"traces of policies {unknown} reached the batch, which trains {names}")
-        batch["policy_index"] = torch.tensor([names.index(p) if p is not None else 0 for p in batch["policy"]],
-                                             device=batch["completion_ids"].device)
+        specs = dict(zip(env_labels(self.experiment), self.experiment.env))
+        learners = [p if p is not None else learner_of_seat(self.experiment, specs[env], role) if env else names[0]
+                    for p, env, role in zip(batch["policy"], batch["env"], batch["role"])]  # no env: a padding row
+        batch["policy_index"] = torch.tensor([names.index(p) for p in learners], device=batch["completion_ids"].device)
 
     def score_policies(self, model, batch: dict, compute_entropy: bool = False, need_logits: bool = False) -> Scored:
         """The scorer's per-token logprobs (and entropies) of ``batch``, each row under its own policy's adapter."""

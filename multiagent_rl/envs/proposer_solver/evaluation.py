@@ -77,8 +77,13 @@ class SolverEvaluation(TrainerCallback):
     def load_state_dict(self, state):
         self.points, self.validity_after_warmup = list(state["points"]), state["validity_after_warmup"]
 
+    def _backend(self, role: str):
+        """The backend that plays ``role`` (its own policy's adapter when proposer and solver are separate learners)."""
+        rollout = self.trainer.rollout
+        return rollout.policies.get(role, rollout.policy)
+
     def validity(self) -> float:
-        return free_text_validity(self.trainer.rollout.policy, self.topic, max_new_tokens=self.proposal_tokens,
+        return free_text_validity(self._backend("proposer"), self.topic, max_new_tokens=self.proposal_tokens,
                                   prompts=self.prompts, temperature=self.temperature)
 
     def on_train_begin(self, args, state, control, **kwargs):
@@ -102,7 +107,7 @@ class SolverEvaluation(TrainerCallback):
 
     def evaluate(self, step: int) -> dict[int, float]:
         greedy = Agent(AgentConfig(model="policy", sampling={"temperature": 0.0, "max_new_tokens": self.answer_tokens}),
-                       self.trainer.rollout.policy)
+                       self._backend("solver"))
         accuracy = solve_accuracy(greedy, self.problems, self.prompts)
         self.points.append({"step": step, **{f"L{level}": acc for level, acc in accuracy.items()}})
         return accuracy
