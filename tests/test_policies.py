@@ -250,3 +250,36 @@ def test_snapshots_of_a_lora_policy_are_frozen_adapters_on_the_same_base(tmp_pat
     assert all(torch.equal(first[k], initial[k]) for k in initial)  # the step-0 snapshot kept the initial weights
     assert any(not torch.equal(now[k], initial[k]) for k in initial)  # while the policy learned
     assert model.active_adapter == "policy"
+
+
+def test_two_policies_on_two_processes_match_one_process(tmp_path):
+    """torchrun (gloo, 2 CPU processes, DDP) vs 1 process on the same fixed rollout: every adapter ends with the same
+    weights on both ranks and as one process (the per-adapter forward passes bypass DDP's reducer; the gradients are
+    averaged once per step), and the logged losses agree."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = str(Path(__file__).parent / "_two_policies_check.py")
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    two = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
+                            "127.0.0.1", "--master_port", str(port), script, str(tmp_path / "two")], env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    one = subprocess.run([sys.executable, script, str(tmp_path / "one")], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert one.returncode == 0, one.stdout[-3000:] + one.stderr[-3000:]
+    output, _ = two.communicate(timeout=300)
+    assert two.returncode == 0, output[-4000:]
+    single = torch.load(tmp_path / "one" / "rank0.pt")
+    ranks = [torch.load(tmp_path / "two" / f"rank{r}.pt") for r in (0, 1)]
+    assert [r["world"] for r in ranks] == [2, 2] and ranks[0]["model_class"] == "DistributedDataParallel"
+    for name in ("alice", "bob"):
+        for rank in ranks:
+            for key, value in single["adapters"][name].items():
+                assert torch.allclose(rank["adapters"][name][key], value, atol=1e-5), (name, key)
+    assert ranks[0]["losses"] == pytest.approx(single["losses"], abs=1e-5)

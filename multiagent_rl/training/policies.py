@@ -5,7 +5,8 @@ policies the trainer adds ``policy_index`` and the loss module counts every stre
 is normalised as if it trained alone and the total is the sum of the single-policy losses
 ([`add_global_counts`][multiagent_rl.training.loss.add_global_counts]). A micro-batch is scored one policy at a time
 with that policy's adapter active (PEFT runs one adapter per forward pass in training), so adapter A's gradient from
-B's rows is exactly zero. One optimizer holds every adapter, one parameter group per policy with its own learning
+B's rows is exactly zero; under DDP those forward passes bypass its reducer and the gradients are averaged over the
+processes once per optimizer step. One optimizer holds every adapter, one parameter group per policy with its own learning
 rate. Each policy saves to its own folder (``final_model/NAME``: adapter, tokenizer, model card), and checkpoints hold
 all of them.
 """
@@ -89,10 +90,6 @@ class PoliciesMixin:
         if any(r.needs_logits for r in self.regularisers):
             raise ValueError("a regulariser that reads the policy's logits (magnet) keeps one anchor model; with "
                              "several [policies] it is not supported yet: drop the regulariser or train one policy")
-        if self.accelerator.num_processes > 1:
-            raise ValueError("several [policies] train on one process for now: each micro-batch runs one forward "
-                             "pass per adapter, which DDP's one-forward-per-backward reducer does not allow; launch "
-                             "one process, or one policy per run")
 
     def count_tokens(self, batch: dict, all_reduce_sum) -> None:
         """Each stream's global token count into ``batch`` (with several policies: per policy, by ``policy_index``)."""
@@ -116,6 +113,8 @@ class PoliciesMixin:
         """The scorer's per-token logprobs (and entropies) of ``batch``, each row under its own policy's adapter."""
         if "policy_index" not in batch:
             return self.scorer.score(model, batch, compute_entropy=compute_entropy, need_logits=need_logits)
+        # One forward pass per adapter, on the unwrapped module: DDP's reducer expects one forward per backward, so
+        # under DDP the gradients are all-reduced once per optimizer step instead (`_sync_policy_grads`).
         peft_model = self.accelerator.unwrap_model(model)
         index = batch["policy_index"]
         logps = entropies = None
@@ -124,7 +123,7 @@ class PoliciesMixin:
             if not len(rows):
                 continue
             with use_adapter(peft_model, name):
-                part = self.scorer.score(model, _rows(batch, rows), compute_entropy=compute_entropy)
+                part = self.scorer.score(peft_model, _rows(batch, rows), compute_entropy=compute_entropy)
             if logps is None:
                 logps = part.logps.new_zeros(batch["completion_ids"].shape)
                 entropies = part.logps.new_zeros(batch["completion_ids"].shape) if compute_entropy else None
@@ -132,6 +131,29 @@ class PoliciesMixin:
             if compute_entropy:
                 entropies = entropies.index_copy(0, rows.to(logps.device), part.entropies)
         return Scored(logps, entropies)
+
+    def _sync_policy_grads(self, model) -> None:
+        """Several policies on several processes: average the adapters' gradients over the processes (what DDP does
+        for one forward pass), once per optimizer step, before the gradient norm is read or clipped."""
+        if not self.several_policies or self.accelerator.num_processes == 1:
+            return
+        if getattr(self, "_policy_grads_synced", None) == self.state.global_step:
+            return
+        self._policy_grads_synced = self.state.global_step
+        params = [p for p in model.parameters() if p.requires_grad]
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+        torch.distributed.all_reduce(flat)
+        flat /= self.accelerator.num_processes
+        for p, grad in zip(params, flat.split([p.numel() for p in params])):
+            p.grad = grad.view_as(p).clone()
+
+    def _clip_grad_norm(self, model):
+        self._sync_policy_grads(model)
+        return super()._clip_grad_norm(model)
+
+    def _get_grad_norm(self, model, grad_norm=None):
+        self._sync_policy_grads(model)
+        return super()._get_grad_norm(model, grad_norm=grad_norm)
 
     def create_optimizer(self, model=None):
         """TRL's optimizer, or with adapters one parameter group per policy at its own learning rate."""
