@@ -5,7 +5,8 @@
     accelerate launch recipes/kuhn_poker.py --model Qwen/Qwen2.5-0.5B-Instruct
 
 One policy plays both seats (``--opponents pool``: each seat against a frozen past snapshot of itself, drawn per
-deal from its opponent pool; ``--pool-rule``, ``--snapshot-every``). Every reply goes through the legal-action harness: it is constrained
+deal from its opponent pool, ``--pool-rule``, ``--snapshot-every``; ``--opponents average``: against the exact
+reach-weighted average of its evaluated policies). Every reply goes through the legal-action harness: it is constrained
 to the two legal words and trained with the softmax over just those (``--free-text`` lets the
 model reply anything, re-prompting and then forfeiting invalid replies). Phase 1
 (``--warmup-steps``) imitates, with ``sft``, a scripted player whose mixed strategy is random at
@@ -45,7 +46,7 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 from multiagent_rl.config import ExperimentConfig  # noqa: E402
 from multiagent_rl.envs.kuhn_poker import KuhnPokerEnv  # noqa: E402
 from multiagent_rl.envs.kuhn_poker.exploitability import evaluation_report  # noqa: E402
-from multiagent_rl.envs.kuhn_poker import random_mixed_table  # noqa: E402
+from multiagent_rl.envs.kuhn_poker import random_mixed_table, table_policy  # noqa: E402
 from multiagent_rl.envs.kuhn_poker.evaluation import (KuhnEvaluation, WarmupCheck, plot_exploitability,  # noqa: E402
                                                         read_policy)
 from multiagent_rl.training.run import (add_hub_flags, add_lora_flag, close_episode_log, lora_config,  # noqa: E402
@@ -77,6 +78,27 @@ def warmup_teacher(config: ExperimentConfig) -> dict | None:
     return None
 
 
+class AverageOpponent:
+    """A scripted player of the evaluation's reach-weighted average policy, re-read at every new evaluation point
+    (uniform before the first): fictitious self-play in its exact tabular form, the learner playing against its own
+    average (``--opponents average``)."""
+
+    def __init__(self):
+        self.evaluation: KuhnEvaluation | None = None
+        self._points, self._play = -1, None
+
+    def __call__(self, turn) -> str:
+        average = self.evaluation.average if self.evaluation is not None else None
+        points = len(average) if average is not None else 0
+        if points != self._points:
+            self._points = points
+            self._play = table_policy(average.table() if points else random_mixed_table(low=0.5, high=0.5))
+        return self._play(turn)
+
+
+AVERAGE_OPPONENT = AverageOpponent()
+
+
 def experiment(args) -> ExperimentConfig:
     """The run as one config object (the same schema as ``--config file.toml``)."""
     warmup_seat = {"model": "scripted", "policy": WARMUP_POLICY, "policy_args": {"seed": args.seed, "low": 0.1, "high": 0.9, "two_point": True},
@@ -84,6 +106,11 @@ def experiment(args) -> ExperimentConfig:
     env_args = {"legal_choices": not args.free_text, "reward": "unit" if args.algo == "max_rl" else "chips"}
     envs = [{"id": "kuhn_poker", "args": env_args, "group_size": args.group_size}]  # labelled by its id
     policies = {}
+    if args.opponents == "average":  # each seat against the exact average policy: the other seat is scripted
+        seat = {"model": "scripted", "policy": AVERAGE_OPPONENT, "trainable": False}
+        envs = [{"id": "kuhn_poker", "name": f"kuhn_vs_average_{learner}", "args": env_args,
+                 "group_size": args.group_size, "roles": {other: seat}}
+                for learner, other in (("p0", "player_1"), ("p1", "player_0"))]
     if args.opponents == "pool":  # the policy plays each seat against a snapshot drawn from its pool
         seat = {"model": "pool:policy", "pool": {"rule": args.pool_rule}}
         envs = [{"id": "kuhn_poker", "name": f"kuhn_vs_pool_{learner}", "args": env_args, "group_size": args.group_size,
@@ -200,9 +227,10 @@ def parse(argv=None) -> tuple[argparse.Namespace, set[str]]:
                         "(the warm-up's own rate overrides its steps). Default 0.3 with the magnet (near the fixed "
                         "point a constant rate leaves Adam's steps a random walk of the sampling noise), 1 (constant) "
                         "without it")
-    p.add_argument("--opponents", choices=("self", "pool"),
+    p.add_argument("--opponents", choices=("self", "pool", "average"),
                    help="self: the policy plays both seats of every game (default); pool: it plays each seat against a "
-                        "frozen past snapshot of itself drawn per deal from its opponent pool (--pool-rule)")
+                        "frozen past snapshot of itself drawn per deal from its opponent pool (--pool-rule); average: "
+                        "against the exact reach-weighted average of its evaluated policies (tabular fictitious play)")
     p.add_argument("--pool-rule", choices=("uniform", "latest", "pfsp"),
                    help="with --opponents pool: uniform over the pool (fictitious self-play, default), the latest 5, or "
                         "prioritised by the learner's losses against each snapshot (PFSP)")
@@ -259,6 +287,7 @@ def main(argv=None) -> dict:
     stops = [e.stop_step for e in config.env if e.stop_step is not None]
     warmup = max(stops, default=0)
     evaluation = KuhnEvaluation(args.eval_every, start_step=warmup, at_start=args.eval_at_start)
+    AVERAGE_OPPONENT.evaluation = evaluation
     teacher = warmup_teacher(config) if warmup else None
     check = WarmupCheck(warmup, teacher, evaluation) if teacher else None
     trainer = MixedAlgorithmTrainer(config, callbacks=[evaluation, *([check] if check else [])])

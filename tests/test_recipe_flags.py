@@ -70,9 +70,39 @@ def test_env_labels_are_the_env_id_and_its_warmup():
     assert labels(user_sim.experiment(users)) == ["user_sim_warmup", "user_sim"]
     ps = argparse.Namespace(**common, levels=[1, 2], topic="addition", solvers=2, proposer="trained",
                             probe_weight=0.25, warmup_solver_accuracy=0.3, entropy_coef=0.0, log_every=1, save_every=0,
-                            free_text=False, temperature=1.0)
+                            free_text=False, temperature=1.0, learners="shared")
     # the two trained entries keep their names (the proposer-solver evaluation reads its metrics by them)
     assert labels(proposer_solver.experiment(ps)) == ["proposer_solver_warmup", "curriculum", "uniform_probe"]
+
+
+def test_kuhn_opponents_and_proposer_solver_learners_bind_the_seats():
+    import kuhn_poker
+    import proposer_solver
+
+    for rule in ("uniform", "pfsp"):
+        config = kuhn_poker.experiment(kuhn_poker.parse(["--opponents", "pool", "--pool-rule", rule,
+                                                         "--snapshot-every", "25"])[0])
+        assert labels(config) == ["kuhn_poker_warmup", "kuhn_vs_pool_p0", "kuhn_vs_pool_p1"]
+        assert config.policies["policy"].snapshot_every == 25 and config.policies["policy"].snapshot_start == 100
+        seats = [{r: (rc.model, rc.pool.rule if rc.pool else None) for r, rc in e.roles.items()} for e in config.env[1:]]
+        assert seats == [{"player_1": ("pool:policy", rule)}, {"player_0": ("pool:policy", rule)}]
+        assert config.phase[1].envs == ["kuhn_vs_pool_p0", "kuhn_vs_pool_p1"]
+    average = kuhn_poker.experiment(kuhn_poker.parse(["--opponents", "average"])[0])
+    assert [rc.policy for e in average.env[1:] for rc in e.roles.values()] == [kuhn_poker.AVERAGE_OPPONENT] * 2
+    assert not kuhn_poker.experiment(kuhn_poker.parse([])[0]).policies  # the default is unchanged: self-play
+
+    common = {"model": "tiny", "steps": 10, "warmup_steps": 2, "group_size": 2, "groups_per_step": 1, "lr": 1e-3,
+              "warmup_lr": 1e-3, "seed": 0, "output_dir": "x", "report_to": [], "lora": 8}
+    ps = argparse.Namespace(**common, levels=[1, 2], topic="addition", solvers=2, proposer="trained",
+                            probe_weight=0.25, warmup_solver_accuracy=0.3, entropy_coef=0.0, log_every=1, save_every=0,
+                            free_text=False, temperature=1.0, learners="separate")
+    config = proposer_solver.experiment(ps)
+    assert config.policy_names() == ["proposer", "solver"]
+    bound = {(e.name, r): config.policy_of_seat(e, r) if rc.model == "policy" else rc.learner
+             for e in config.env for r, rc in e.roles.items() if rc.model == "policy" or rc.learner}
+    assert bound == {("proposer_solver_warmup", "proposer"): "proposer", ("proposer_solver_warmup", "solver"): "solver",
+                     ("curriculum", "proposer"): "proposer", ("curriculum", "solver"): "solver",
+                     ("uniform_probe", "solver"): "solver"}
 
 
 def test_proposer_solver_free_text_drops_the_menu_and_checks_answers():
@@ -82,7 +112,7 @@ def test_proposer_solver_free_text_drops_the_menu_and_checks_answers():
               "lr": 1e-4, "warmup_lr": 1e-3, "seed": 0, "output_dir": "x", "report_to": [], "lora": 16}
     ps = argparse.Namespace(**common, levels=[1, 2], topic="addition", solvers=2, proposer="trained",
                             probe_weight=0.25, warmup_solver_accuracy=0.3, entropy_coef=0.0, log_every=1, save_every=0,
-                            free_text=True, temperature=0.7)
+                            free_text=True, temperature=0.7, learners="shared")
     config = proposer_solver.experiment(ps)
     assert [e.name for e in config.env] == ["curriculum", "uniform_probe"]  # no warm-up entry
     for entry in config.env:
