@@ -124,3 +124,29 @@ def test_a_recipe_pushes_its_model_and_its_traces(hub, tmp_path):
     pushed = datasets.load_dataset(f"{repo}-traces", split="train")
     assert len(pushed) == len(load_traces(out / "traces")) > 0
     assert hub.unhandled == []
+
+
+def test_each_of_several_policies_pushes_to_its_own_repository(hub, tmp_path):
+    from huggingface_hub import HfApi
+
+    from multiagent_rl.training.run import publish
+    from multiagent_rl.training.trainer import MixedAlgorithmTrainer
+
+    lora = {"r": 4, "target_modules": "all-linear"}
+    trainer = MixedAlgorithmTrainer({
+        "model": {"name": "tiny"}, "policies": {"alice": {"lora": lora}, "bob": {"lora": lora}},
+        "env": [{"id": "kuhn_poker", "group_size": 2, "args": {"legal_choices": True},
+                 "roles": {"player_0": {"policy": "alice"}, "player_1": {"policy": "bob"}}}],
+        "trainer": {"max_steps": 1, "output_dir": str(tmp_path / "run"), "report_to": [], "save_strategy": "no"}})
+    trainer.train()
+    urls = publish(trainer, f"{FAKE_USER}/duo")
+    assert set(urls) == {"traces", "model alice", "model bob"}
+    for name in ("alice", "bob"):
+        repo = f"{FAKE_USER}/duo-{name}"
+        assert HfApi().model_info(repo).private
+        files = hub.files(repo)
+        assert {"adapter_model.safetensors", "adapter_config.json", "README.md"} <= set(files)
+        card = files["README.md"].decode()
+        assert f"It is the policy `{name}`" in card and front_matter(card)["datasets"] == [f"{FAKE_USER}/duo-traces"]
+        assert front_matter(card)["library_name"] == "peft"
+    assert hub.unhandled == []

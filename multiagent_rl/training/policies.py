@@ -197,6 +197,20 @@ class PoliciesMixin:
                     f.write(self.model_card(policy=name))
         torch.save(self.args, os.path.join(folder, "training_args.bin"))
 
+    def push_policies(self, repo: str, private: bool = True) -> dict[str, str]:
+        """With adapters: every policy to its own Hub repository ``REPO-NAME`` (its adapter, tokenizer and model card,
+        saved first); returns the repository ids by policy."""
+        from huggingface_hub import HfApi
+
+        folder = os.path.join(self.args.output_dir, "final_model")
+        self.save_model(folder)
+        api, pushed = HfApi(), {}
+        for name in self.policy_names:
+            repo_id = api.create_repo(f"{repo}-{name}", private=private, exist_ok=True).repo_id
+            api.upload_folder(repo_id=repo_id, folder_path=os.path.join(folder, name), commit_message=f"policy {name}")
+            pushed[name] = repo_id
+        return pushed
+
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
         """With adapters: every policy's adapter from ``checkpoint/NAME``; else the Trainer's own loading."""
         if not self.experiment.uses_adapters:

@@ -71,8 +71,8 @@ def results_table(summary: dict[str, Any], hidden: tuple[str, ...] = ()) -> str:
 
 def publish(trainer: MixedAlgorithmTrainer, repo: str, *, public: bool = False) -> dict[str, str]:
     """Push the run to the Hub (main process): its traces to the dataset repo ``REPO-traces``, then the model to
-    ``REPO`` with a card that names them (``final_model/README.md`` is rewritten to match). Both private unless
-    ``public``. Returns the URLs."""
+    ``REPO`` with a card that names them (``final_model/README.md`` is rewritten to match); with several
+    ``[policies]``, each policy to ``REPO-NAME``. All private unless ``public``. Returns the URLs."""
     from huggingface_hub import constants
 
     from ..data.hub import push_traces
@@ -85,6 +85,10 @@ def publish(trainer: MixedAlgorithmTrainer, repo: str, *, public: bool = False) 
         urls["traces"] = push_traces(load_traces(folder), f"{repo}-traces", private=not public,
                                      produced_by=trainer.command)
         trainer.model_card_datasets = [f"{repo}-traces"]
+    if trainer.experiment.uses_adapters:  # one repository per policy, REPO-NAME
+        for name, repo_id in trainer.push_policies(repo, private=not public).items():
+            urls[f"model {name}"] = f"{constants.ENDPOINT}/{repo_id}"
+        return urls
     trainer.args.hub_model_id, trainer.args.hub_private_repo = repo, not public
     trainer.hub_model_id = None  # push_to_hub creates (or finds) the repo named now, whatever the trainer had
     if (out / "final_model").is_dir():
