@@ -46,6 +46,7 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 from multiagent_rl.config import ExperimentConfig  # noqa: E402
 from multiagent_rl.envs.kuhn_poker import KuhnPokerEnv  # noqa: E402
 from multiagent_rl.envs.kuhn_poker.exploitability import evaluation_report  # noqa: E402
+from multiagent_rl.games.evaluation import AverageOpponent  # noqa: E402
 from multiagent_rl.envs.kuhn_poker import random_mixed_table, table_policy  # noqa: E402
 from multiagent_rl.envs.kuhn_poker.evaluation import (KuhnEvaluation, WarmupCheck, plot_exploitability,  # noqa: E402
                                                         read_policy)
@@ -78,25 +79,8 @@ def warmup_teacher(config: ExperimentConfig) -> dict | None:
     return None
 
 
-class AverageOpponent:
-    """A scripted player of the evaluation's reach-weighted average policy, re-read at every new evaluation point
-    (uniform before the first): fictitious self-play in its exact tabular form, the learner playing against its own
-    average (``--opponents average``)."""
-
-    def __init__(self):
-        self.evaluation: KuhnEvaluation | None = None
-        self._points, self._play = -1, None
-
-    def __call__(self, turn) -> str:
-        average = self.evaluation.average if self.evaluation is not None else None
-        points = len(average) if average is not None else 0
-        if points != self._points:
-            self._points = points
-            self._play = table_policy(average.table() if points else random_mixed_table(low=0.5, high=0.5))
-        return self._play(turn)
-
-
-AVERAGE_OPPONENT = AverageOpponent()
+# the exact average policy as a scripted seat (--opponents average); main() hands it the evaluation
+AVERAGE_OPPONENT = AverageOpponent(table_policy, random_mixed_table(low=0.5, high=0.5))
 
 
 def experiment(args) -> ExperimentConfig:

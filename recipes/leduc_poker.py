@@ -20,6 +20,9 @@ import sys
 
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
+from multiagent_rl.envs.leduc_poker import table_policy  # noqa: E402
+from multiagent_rl.envs.leduc_poker.evaluation import uniform_table  # noqa: E402
+from multiagent_rl.games.evaluation import AverageOpponent  # noqa: E402
 from multiagent_rl.training.phases import warmup_then_rl  # noqa: E402
 from multiagent_rl.envs.leduc_poker.evaluation import LeducEvaluation  # noqa: E402
 from multiagent_rl.training.run import (HelpFormatter, add_hub_flags, add_lora_flag, finish,  # noqa: E402
@@ -27,12 +30,27 @@ from multiagent_rl.training.run import (HelpFormatter, add_hub_flags, add_lora_f
 from multiagent_rl.training.trainer import MixedAlgorithmTrainer  # noqa: E402
 
 ENV = "multiagent_rl.envs.leduc_poker"
+# the exact average policy as a scripted seat (--opponents average); main() hands it the evaluation
+AVERAGE_OPPONENT = AverageOpponent(table_policy, uniform_table())
 
 
 def experiment(args) -> dict:
     warmup_seat = {"model": "scripted", "policy": f"{ENV}:random_mixed_policy", "policy_args": {"seed": args.seed},
                    "algo": {"type": "sft"}}
     envs = [{"id": "leduc_poker", "group_size": args.group_size}]  # labelled by its id
+    policies, rl_envs = {}, ["leduc_poker"]
+    if args.opponents == "average":  # each seat against the exact average policy: the other seat is scripted
+        seat = {"model": "scripted", "policy": AVERAGE_OPPONENT, "trainable": False}
+        envs = [{"id": "leduc_poker", "name": f"leduc_vs_average_{learner}", "group_size": args.group_size,
+                 "roles": {other: seat}} for learner, other in (("p0", "player_1"), ("p1", "player_0"))]
+        rl_envs = [e["name"] for e in envs]
+    if args.opponents == "pool":  # the policy plays each seat against a snapshot drawn from its pool
+        seat = {"model": "pool:policy", "pool": {"rule": args.pool_rule}}
+        envs = [{"id": "leduc_poker", "name": f"leduc_vs_pool_{learner}", "group_size": args.group_size,
+                 "roles": {other: seat}} for learner, other in (("p0", "player_1"), ("p1", "player_0"))]
+        rl_envs = [e["name"] for e in envs]
+        policies = {"policy": {"snapshot_every": args.snapshot_every, "snapshot_start": args.warmup_steps,
+                               "pool_size": args.pool_size}}
     if args.warmup_steps:
         envs.insert(0, {"id": "leduc_poker", "name": "leduc_poker_warmup", "group_size": args.group_size,
                         "roles": {"player_0": warmup_seat, "player_1": warmup_seat}})
@@ -41,13 +59,17 @@ def experiment(args) -> dict:
                "groups_per_step": args.groups_per_step, "seed": args.seed, "report_to": args.report_to,
                "logging_steps": args.eval_every, "disable_tqdm": False, "max_completion_length": 4,
                "save_strategy": "no"}
-    entropy = [{"type": "entropy", "coef": args.entropy_coef,
+    regularisers = [{"type": "entropy", "coef": args.entropy_coef,
                 **({"final": args.entropy_final, "anneal_start": args.warmup_steps} if args.entropy_final is not None
                    else {})}] if args.entropy_coef or args.entropy_final is not None else []
-    phases = warmup_then_rl(args.warmup_steps, ["leduc_poker_warmup"], ["leduc_poker"], args.warmup_lr,
+    if args.magnet_coef:
+        regularisers.append({"type": "magnet", "coef": args.magnet_coef, "start": args.warmup_steps,
+                        "every": args.magnet_every})
+    phases = warmup_then_rl(args.warmup_steps, ["leduc_poker_warmup"], rl_envs, args.warmup_lr,
                             fresh_optimizer=args.fresh_optimizer)
     return {"algo": {"type": args.algo}, "model": {"name": args.model, "lora": lora_config(args.lora)}, "env": envs, "phase": phases,
-            "regulariser": entropy, "trainer": trainer}
+            "policies": policies,
+            "regulariser": regularisers, "trainer": trainer}
 
 
 def plot(points: list[dict], path: str) -> None:
@@ -70,7 +92,8 @@ def plot(points: list[dict], path: str) -> None:
     fig.savefig(path, bbox_inches="tight")
 
 
-def main(argv=None) -> dict:
+def parse(argv=None) -> argparse.Namespace:
+    """The recipe's flags (``parse([])``: the defaults)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--model", default="tiny", help="the policy: 'tiny', 'smollm2-135m', a Hub id or a folder")
     p.add_argument("--algo", default="rae", help="the RL algorithm of self-play (rae, grpo, ...)")
@@ -85,15 +108,33 @@ def main(argv=None) -> dict:
     p.add_argument("--fresh-optimizer", action="store_true",
                    help="start self-play with a fresh Adam instead of the warm-up's (the Kuhn recipe's default; on "
                         "Leduc neutral to worse in one comparison: docs/leduc_poker.md)")
+    p.add_argument("--magnet-coef", type=float, default=0.0,
+                   help="R-NaD-style pull (the magnet regulariser, as in the Kuhn recipe): KL toward the uniform policy "
+                        "for --magnet-every steps after the warm-up, then toward a frozen copy of the policy renewed "
+                        "every --magnet-every steps (0: off; with it, --entropy-coef 0 leaves the magnet alone)")
+    p.add_argument("--magnet-every", type=int, default=200, help="steps between magnet renewals")
+    p.add_argument("--opponents", choices=("self", "pool", "average"), default="self",
+                   help="self: the policy plays both seats (default); pool: each seat against a frozen past snapshot "
+                        "of itself drawn per deal from its opponent pool; average: against the exact reach-weighted "
+                        "average of its evaluated policies (tabular fictitious play)")
+    p.add_argument("--pool-rule", choices=("uniform", "latest", "pfsp"), default="uniform",
+                   help="with --opponents pool: how a snapshot is drawn (uniform: fictitious self-play)")
+    p.add_argument("--snapshot-every", type=int, default=20, help="with --opponents pool: steps between snapshots")
+    p.add_argument("--pool-size", type=int, default=100, help="with --opponents pool: most snapshots kept")
     p.add_argument("--eval-every", type=int, default=20, help="steps between exact evaluations (and log lines)")
     p.add_argument("--seed", type=int, default=0, help="seeds the run and the warm-up strategy")
     p.add_argument("--output-dir", default="outputs/leduc_poker", help="where everything is written")
     p.add_argument("--report-to", nargs="*", default=[], help="trackers, e.g. wandb or trackio")
     add_hub_flags(p)
     add_lora_flag(p)
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+    args = parse(argv)
 
     evaluation = LeducEvaluation(args.eval_every, start_step=args.warmup_steps)
+    AVERAGE_OPPONENT.evaluation = evaluation
     trainer = MixedAlgorithmTrainer(experiment(args), callbacks=[evaluation])
     evaluation.trainer = trainer
     interrupted = train(trainer)

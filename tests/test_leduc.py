@@ -172,3 +172,31 @@ def test_the_recipe_runs_end_to_end_and_scores_the_policy_exactly(tmp_path):
     # the exact exploitability of what the model plays: between Nash (0) and the warm-up's bold teacher (~3.3)
     assert 0 < summary["final_exploitability"] < 4
     assert (tmp_path / "summary.json").exists()
+
+
+def test_the_average_opponent_plays_the_evaluations_reach_weighted_average():
+    from types import SimpleNamespace
+
+    from multiagent_rl.envs.leduc_poker import random_mixed_table, table_policy
+    from multiagent_rl.envs.leduc_poker.evaluation import uniform_table
+    from multiagent_rl.envs.leduc_poker.rules import AveragePolicy
+    from multiagent_rl.games.evaluation import AverageOpponent
+
+    bold, meek = random_mixed_table(seed=1, low=0.9, high=0.9), random_mixed_table(seed=1, low=0.1, high=0.1)
+    opponent = AverageOpponent(table_policy, bold)
+    root = leduc.InfoState(0, "K", None, ((), ()))
+    rng = random.Random(0)
+
+    def bet_share(n=4000):
+        return sum(opponent(SimpleNamespace(state={"info_state": root}, rng=rng)) == "bet" for _ in range(n)) / n
+
+    assert bet_share() == pytest.approx(0.9, abs=0.02)  # no evaluation yet: the start table
+    evaluation = SimpleNamespace(average=AveragePolicy())
+    opponent.evaluation = evaluation
+    assert bet_share() == pytest.approx(0.9, abs=0.02)  # an empty average: still the start table
+    evaluation.average.add(meek)
+    assert bet_share() == pytest.approx(0.1, abs=0.02)  # a point joined: the average is re-read
+    evaluation.average.add(uniform_table(), weight=3.0)
+    expected = evaluation.average.table()[root]["bet"]
+    assert expected == pytest.approx((0.1 + 3 * 0.5) / 4)
+    assert bet_share() == pytest.approx(expected, abs=0.02)

@@ -61,8 +61,7 @@ def test_env_labels_are_the_env_id_and_its_warmup():
     assert labels(kuhn_poker.experiment(args)) == ["kuhn_poker_warmup", "kuhn_poker"]
     common = {"model": "tiny", "steps": 10, "warmup_steps": 2, "group_size": 2, "groups_per_step": 1, "lr": 1e-3,
               "warmup_lr": 1e-3, "seed": 0, "output_dir": "x", "report_to": [], "lora": None}
-    leduc = argparse.Namespace(**common, algo="rae", entropy_coef=0.3, entropy_final=None, fresh_optimizer=False,
-                               eval_every=5)
+    leduc = leduc_poker.parse([])
     assert labels(ExperimentConfig.model_validate(leduc_poker.experiment(leduc))) == ["leduc_poker_warmup",
                                                                                       "leduc_poker"]
     users = argparse.Namespace(**common, patience=0.3, max_turns=6, log_every=1, free_text=False, user="scripted",
@@ -90,6 +89,21 @@ def test_kuhn_opponents_and_proposer_solver_learners_bind_the_seats():
     average = kuhn_poker.experiment(kuhn_poker.parse(["--opponents", "average"])[0])
     assert [rc.policy for e in average.env[1:] for rc in e.roles.values()] == [kuhn_poker.AVERAGE_OPPONENT] * 2
     assert not kuhn_poker.experiment(kuhn_poker.parse([])[0]).policies  # the default is unchanged: self-play
+
+    import leduc_poker
+
+    from multiagent_rl.config import ExperimentConfig
+
+    leduc = ExperimentConfig.model_validate(leduc_poker.experiment(leduc_poker.parse(
+        ["--opponents", "pool", "--pool-rule", "latest", "--magnet-coef", "0.3", "--entropy-coef", "0"])))
+    assert labels(leduc) == ["leduc_poker_warmup", "leduc_vs_pool_p0", "leduc_vs_pool_p1"]
+    assert [(r, rc.model, rc.pool.rule) for e in leduc.env[1:] for r, rc in e.roles.items()] == [
+        ("player_1", "pool:policy", "latest"), ("player_0", "pool:policy", "latest")]
+    assert leduc.policies["policy"].snapshot_start == 100 and leduc.phase[1].envs == labels(leduc)[1:]
+    assert [(g.type, g.coef) for g in leduc.regulariser] == [("magnet", 0.3)]
+    average = ExperimentConfig.model_validate(leduc_poker.experiment(leduc_poker.parse(["--opponents", "average"])))
+    assert [rc.policy for e in average.env[1:] for rc in e.roles.values()] == [leduc_poker.AVERAGE_OPPONENT] * 2
+    assert not ExperimentConfig.model_validate(leduc_poker.experiment(leduc_poker.parse([]))).policies
 
     common = {"model": "tiny", "steps": 10, "warmup_steps": 2, "group_size": 2, "groups_per_step": 1, "lr": 1e-3,
               "warmup_lr": 1e-3, "seed": 0, "output_dir": "x", "report_to": [], "lora": 8}

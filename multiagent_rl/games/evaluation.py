@@ -5,12 +5,14 @@ A game plugs in by subclassing [`GameEvaluation`][multiagent_rl.games.evaluation
 metric prefix), its average policy, how the model's policy is read and how a table is scored
 ([`KuhnEvaluation`][multiagent_rl.envs.kuhn_poker.evaluation.KuhnEvaluation],
 [`LeducEvaluation`][multiagent_rl.envs.leduc_poker.evaluation.LeducEvaluation]).
+[`AverageOpponent`][multiagent_rl.games.evaluation.AverageOpponent] is a scripted seat that plays the evaluation's
+average policy: fictitious self-play in its exact tabular form.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from transformers import TrainerCallback
 
@@ -96,3 +98,26 @@ class GameEvaluation(TrainerCallback):
                  **self.extra(trainer, model, table)}
         self.points.append(point)
         return point
+
+
+class AverageOpponent:
+    """A scripted player of an evaluation's reach-weighted average policy: the learner plays against its own average,
+    fictitious self-play in its exact tabular form (the recipes' ``--opponents average``).
+
+    ``play`` turns a table into a scripted policy (the game's ``table_policy``); ``start`` is the table played before
+    the first evaluation point joins the average (the uniform policy, say). The average is re-read whenever a point
+    joins it, so the seat plays the same table between two evaluations. Set ``opponent.evaluation = evaluation``
+    once the evaluation callback exists; until then the seat plays ``start``."""
+
+    def __init__(self, play: Callable[[Mapping], Callable], start: Mapping):
+        self.play, self.start = play, start
+        self.evaluation: GameEvaluation | None = None
+        self._points, self._policy = -1, None
+
+    def __call__(self, turn) -> str:
+        average = self.evaluation.average if self.evaluation is not None else None
+        points = len(average) if average is not None else 0
+        if points != self._points:
+            self._points = points
+            self._policy = self.play(average.table() if points else self.start)
+        return self._policy(turn)

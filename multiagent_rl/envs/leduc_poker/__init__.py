@@ -10,6 +10,7 @@ chips. Replies go through the legal-action harness (constrained to the legal wor
 from __future__ import annotations
 
 import random
+from typing import Callable, Mapping
 
 from ...tasks.task import Task, TaskData
 from ..base import Env
@@ -62,9 +63,20 @@ class LeducPokerEnv(Env):
                 trace.info.update(cards=list(cards), public=public, history=[list(r) for r in history])
 
 
-def random_mixed_policy(seed: int = 0, low: float = 0.1, high: float = 0.9):
-    """A random mixed strategy: at each information state, P(the aggressive action) is ``low`` or ``high`` (drawn
-    with ``seed``); the rest goes to the passive ones (a warm-up teacher, as for Kuhn)."""
+def table_policy(table: Mapping[leduc.InfoState, Mapping[str, float]]) -> Callable:
+    """Play a tabular policy ``{InfoState: {action: prob}}`` (the tables of
+    [`multiagent_rl.envs.leduc_poker.evaluation`][]), drawing from the seat's own random stream."""
+
+    def act(turn) -> str:
+        row = table[turn.state["info_state"]]
+        return turn.rng.choices(list(row), weights=list(row.values()))[0]
+
+    return act
+
+
+def random_mixed_table(seed: int = 0, low: float = 0.1, high: float = 0.9) -> dict:
+    """At each information state, P(the aggressive action) is ``low`` or ``high`` (drawn with ``seed``); the rest
+    goes to the passive ones."""
     table = {}
     rng = random.Random(seed)
     for s in leduc.info_states():
@@ -73,12 +85,13 @@ def random_mixed_policy(seed: int = 0, low: float = 0.1, high: float = 0.9):
         aggressive = "raise" if "raise" in legal else "bet" if "bet" in legal else "call"
         rest = [a for a in legal if a != aggressive]
         table[s] = {aggressive: bold, **{a: (1 - bold) / len(rest) for a in rest}}
+    return table
 
-    def act(turn) -> str:
-        row = table[turn.state["info_state"]]
-        return turn.rng.choices(list(row), weights=list(row.values()))[0]
 
-    return act
+def random_mixed_policy(seed: int = 0, low: float = 0.1, high: float = 0.9):
+    """Play [`random_mixed_table`][multiagent_rl.envs.leduc_poker.random_mixed_table] (a warm-up teacher, as for
+    Kuhn)."""
+    return table_policy(random_mixed_table(seed, low, high))
 
 
 def uniform_policy():
