@@ -10,6 +10,7 @@ from multiagent_rl.config import ExperimentConfig
 from multiagent_rl.data.hub import (
     base_model_id,
     base_model_license,
+    TRAINED_ON,
     fix_adapter_base,
     model_card_text,
     trace_dataset_card,
@@ -65,6 +66,9 @@ def test_a_lora_adapter_points_at_its_base_by_hub_id(tmp_path):
     fix_adapter_base(tmp_path, "Qwen/Qwen2.5-0.5B-Instruct")
     config = json.loads((tmp_path / "adapter_config.json").read_text())
     assert config == {"base_model_name_or_path": "Qwen/Qwen2.5-0.5B-Instruct", "r": 8}
+    assert not (tmp_path / TRAINED_ON).exists()  # trained on the Hub id itself: nothing more to say
+    fix_adapter_base(tmp_path, "HuggingFaceTB/SmolLM2-135M-Instruct", trained_on="smollm2-135m")
+    assert json.loads((tmp_path / TRAINED_ON).read_text()) == {"model": "smollm2-135m"}  # reloads offline on it
 
 
 def test_the_dataset_card_has_reward_statistics_the_schema_and_how_it_was_made():

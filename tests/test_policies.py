@@ -18,7 +18,8 @@ from peft import set_peft_model_state_dict
 
 from multiagent_rl.config import ExperimentConfig, PolicyConfig, PoolSamplingConfig
 from multiagent_rl.data.traces import load_traces
-from multiagent_rl.models.adapters import adapter_state
+from multiagent_rl.models import load_model_and_tokenizer
+from multiagent_rl.models.adapters import adapter_state, use_adapter
 from multiagent_rl.rollout.pools import OpponentPool, Snapshot
 from multiagent_rl.training import loss as loss_module
 from multiagent_rl.training.collate import collate, trainable_samples
@@ -162,6 +163,16 @@ def test_each_policy_has_its_learning_rate_saves_on_its_own_and_resumes_exactly(
         assert f"It is the policy `{name}`" in card and f"policy `{name}`" in card.split("| algorithm |")[1]
     traces = load_traces(tmp_path / "whole")
     assert {(r["role"], r["policy"]) for r in traces} == {("player_0", "alice"), ("player_1", "bob")}
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    trained = whole.accelerator.unwrap_model(whole.model)
+    for name in ("alice", "bob"):  # each saved policy reloads by its folder as the adapter on its base
+        reloaded, _ = load_model_and_tokenizer(str(tmp_path / "final" / name), device="cpu")
+        with use_adapter(trained, name), torch.no_grad():
+            expected = trained(input_ids=ids).logits
+        with trained.disable_adapter(), torch.no_grad():
+            assert not torch.allclose(trained(input_ids=ids).logits, expected, atol=1e-5)  # the adapter matters
+        with torch.no_grad():
+            assert torch.allclose(reloaded(input_ids=ids).logits, expected, atol=1e-5), name
 
     resumed = trainer_for(experiment, tiny, tmp_path / "resumed", **run)
     resumed.train(resume_from_checkpoint=str(tmp_path / "whole" / "checkpoint-1"))

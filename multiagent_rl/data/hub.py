@@ -298,14 +298,23 @@ environments.{trained_on}{unlicensed}{policy_line}
     return str(ModelCard(content))
 
 
-def fix_adapter_base(folder: str | os.PathLike, base: str | None) -> None:
-    """Point a saved LoRA adapter at its base model's Hub id (PEFT writes the local path it was loaded from)."""
+TRAINED_ON = "trained_on.json"
+"""Beside a saved LoRA adapter: the model reference it was trained on, when that differs from the Hub id its
+``adapter_config.json`` names (a built-in name such as ``smollm2-135m``, whose weights are a local conversion), so
+[`load_model_and_tokenizer`][multiagent_rl.models.load_model_and_tokenizer] reloads it on the same weights offline."""
+
+
+def fix_adapter_base(folder: str | os.PathLike, base: str | None, trained_on: str | None = None) -> None:
+    """Point a saved LoRA adapter at its base model's Hub id (PEFT writes the local path it was loaded from), and
+    record ``trained_on`` (the run's model reference) beside it when that is not the same id."""
     path = Path(folder) / "adapter_config.json"
     if base is None or not path.exists():
         return
     config: dict[str, Any] = json.loads(path.read_text())
     config["base_model_name_or_path"] = base
     path.write_text(json.dumps(config, indent=2, sort_keys=True))
+    if trained_on is not None and trained_on != base:
+        (Path(folder) / TRAINED_ON).write_text(json.dumps({"model": trained_on}) + "\n")
 
 
 @contextlib.contextmanager

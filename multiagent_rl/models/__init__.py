@@ -152,7 +152,9 @@ def load_tokenizer(model_id: str):
 
 
 def load_model_and_tokenizer(model_id: str, *, dtype=None, device=None):
-    """Load a causal LM and its tokenizer by id (a built-in name, a hub id or a local path).
+    """Load a causal LM and its tokenizer by id (a built-in name, a hub id or a local path). A folder holding a LoRA
+    adapter (a LoRA run's ``final_model/``, or ``final_model/NAME`` of one of several policies) loads as a
+    ``peft.PeftModel`` on the base it was trained on.
 
     On CPU the default dtype is float32 (bf16 matmuls are slow and inexact there).
     """
@@ -160,6 +162,9 @@ def load_model_and_tokenizer(model_id: str, *, dtype=None, device=None):
     from transformers import AutoModelForCausalLM
 
     path = resolve_model(model_id)
+    adapter = Path(path).expanduser() / "adapter_config.json"
+    if adapter.is_file():
+        return _load_adapter(model_id, adapter.parent, dtype=dtype, device=device)
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if dtype is None:
@@ -169,6 +174,25 @@ def load_model_and_tokenizer(model_id: str, *, dtype=None, device=None):
     except OSError as exc:
         raise _not_found(model_id, exc) from None
     return model, load_tokenizer(model_id)
+
+
+def _load_adapter(model_id: str, folder: Path, *, dtype, device):
+    """A saved LoRA adapter on the base it was trained on: ``trained_on.json`` when the run wrote one (a built-in
+    name), else the base its ``adapter_config.json`` names."""
+    from peft import PeftModel
+
+    try:
+        base = json.loads((folder / "trained_on.json").read_text())["model"]
+    except FileNotFoundError:
+        base = json.loads((folder / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    if not base:
+        raise ModelNotFoundError(f"the adapter {model_id!r} names no base model (adapter_config.json has no "
+                                 "base_model_name_or_path): load its base and attach it with peft.PeftModel")
+    model, tokenizer = load_model_and_tokenizer(base, dtype=dtype, device=device)
+    model = PeftModel.from_pretrained(model, str(folder))
+    if (folder / "tokenizer_config.json").is_file():
+        tokenizer = load_tokenizer(str(folder))
+    return model, tokenizer
 
 
 __all__ = [

@@ -191,7 +191,7 @@ class PoliciesMixin:
             target = os.path.join(folder, name)
             model.save_pretrained(folder, selected_adapters=[name])  # PEFT writes a named adapter to folder/name
             self.processing_class.save_pretrained(target)
-            fix_adapter_base(target, base_model_id(self.experiment.model.name))
+            fix_adapter_base(target, base_model_id(self.experiment.model.name), trained_on=self.experiment.model.name)
             if not _internal_call:
                 with open(os.path.join(target, "README.md"), "w", encoding="utf-8") as f:
                     f.write(self.model_card(policy=name))

@@ -61,6 +61,7 @@ class PublishingMixin:
         gets the model card too, so it is ready to share as it is."""
         super().save_model(output_dir, _internal_call)
         if self.is_world_process_zero():  # a LoRA adapter names its base by Hub id, not the local path it came from
-            fix_adapter_base(output_dir or self.args.output_dir, base_model_id(self.experiment.model.name))
+            fix_adapter_base(output_dir or self.args.output_dir, base_model_id(self.experiment.model.name),
+                             trained_on=self.experiment.model.name)
             if not _internal_call:
                 self.write_model_card(output_dir or self.args.output_dir)
