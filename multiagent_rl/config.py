@@ -206,6 +206,14 @@ class VLLMConfig(_Strict):
     """Colocate mode on a GPU: the share of its memory vLLM may take (the trainer needs the rest)."""
     kv_cache_memory_bytes: int | None = Field(None, ge=1)
     """Colocate mode: bytes of KV cache (default on CPU: 64 MiB)."""
+    weight_handoff: Literal["auto", "file", "http"] = "auto"
+    """Server mode: how new weights reach the server. ``file``: a safetensors file the server reads from
+    ``weights_dir`` (default for a server on this machine: a private folder under ``/dev/shm``); ``http``: the
+    file's bytes, base64, inside the request; ``auto``: ``file`` when the server can see the folder (a loopback URL
+    or a ``weights_dir``), else ``http``. Costs per step: docs/scaling.md."""
+    weights_dir: str | None = None
+    """Server mode: a folder both this process and the server read and write (a shared filesystem), for
+    ``weight_handoff`` ``file``/``auto`` with a server on another machine."""
 
     @model_validator(mode="after")
     def _check(self):

@@ -102,7 +102,7 @@ def test_a_base_url_without_v1_says_add_v1(not_found):
     backend = EndpointBackend(EndpointConfig(base_url=not_found.root, model="served-tiny", tokenizer="tiny",
                                              max_retries=0), model_id="endpoint:opp")
     with pytest.raises(EndpointError) as error:
-        run_sync(backend.generate([1, 2, 3], SamplingParams(max_new_tokens=2)))
+        mrl.run_sync(backend.generate([1, 2, 3], SamplingParams(max_new_tokens=2)))
     message = str(error.value)
     assert "\n" not in message
     assert f"{not_found.root}/models answered 404 (Not Found)" in message, message
@@ -123,7 +123,7 @@ def test_an_inline_reference_with_max_context_set_reports_the_failed_request(not
     with pytest.raises(EndpointError, match=r"served model 'vllm:http://127\.0\.0\.1:\d+#m': http://127\.0\.0\.1:\d+"
                                             r"/completions answered 404 \(Not Found\); base_url must be the API root.*"
                                             r"add /v1 to the base_url in the model reference"):
-        run_sync(backend.generate([1, 2, 3], SamplingParams(max_new_tokens=2)))
+        mrl.run_sync(backend.generate([1, 2, 3], SamplingParams(max_new_tokens=2)))
 
 
 def test_the_policy_server_is_checked_when_its_backend_is_built(tiny):
@@ -144,9 +144,17 @@ def test_pushing_weights_to_a_server_that_went_away_says_so(tiny):
     url = f"http://127.0.0.1:{closed_port()}/v1"
     backend = EndpointBackend(EndpointConfig(base_url=url, model="pol", max_context=512), tokenizer=tok,
                               model_id="policy")
-    with pytest.raises(EndpointError, match=r"the policy's vLLM server \(\[model\.vllm\]\): nothing answers at "
-                                            r"http://127\.0\.0\.1:\d+/collective_rpc \(connection refused"):
-        backend.sync_weights(model)
+    refused = (r"the policy's vLLM server \(\[model\.vllm\]\): nothing answers at "
+               r"http://127\.0\.0\.1:\d+/collective_rpc \(connection refused")
+    with pytest.raises(EndpointError, match=refused):
+        backend.push_weights(model)
+    backend.sync_weights(model)  # deferred: nothing is sent until the policy is next asked for a sample
+    assert backend.num_weight_pushes == 0
+    with pytest.raises(EndpointError, match=refused):
+        mrl.run_sync(backend.generate([1, 2, 3], SamplingParams(max_new_tokens=2)))
+    with pytest.raises(EndpointError, match=refused):  # still pending: never a sample with the old weights
+        mrl.run_sync(backend.generate([1, 2, 3], SamplingParams(max_new_tokens=2)))
+    assert backend.num_weight_pushes == 0
 
 
 def test_the_context_length_and_the_model_name_are_asked_from_the_server(tiny):

@@ -196,13 +196,16 @@ def _policy_matches_trainer(trainer, tok) -> float:
     return worst
 
 
-@pytest.mark.parametrize("mode, lora", [("colocate", False), ("server", False), ("colocate", True)])
-def test_a_vllm_policy_is_synced_after_every_step(mode, lora, server, tiny_path, oracle, tmp_path):
-    """After every optimizer step the vLLM engine samples with the trainer's weights (a LoRA adapter merged)."""
+@pytest.mark.parametrize("mode, lora, handoff", [("colocate", False, None), ("server", False, "auto"),
+                                                 ("server", False, "http"), ("colocate", True, None)])
+def test_a_vllm_policy_is_synced_after_every_step(mode, lora, handoff, server, tiny_path, oracle, tmp_path):
+    """After every optimizer step the vLLM engine samples with the trainer's weights (a LoRA adapter merged); a
+    loopback server gets them as a file (``auto``) or inside the request (``http``)."""
     model, tok = oracle
     env = SingleAgentEnv([{"prompt": f"Count to {n}."} for n in range(6)],
                          reward=lambda task, trace: float(len(trace.last_reply) % 4))
-    vllm_options = {"mode": mode, "max_model_len": 512} | ({"base_url": server} if mode == "server" else {})
+    vllm_options = {"mode": mode, "max_model_len": 512} | (
+        {"base_url": server, "weight_handoff": handoff} if mode == "server" else {})
     adapter = {"lora": {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}} if lora else {}
     trainer = MixedAlgorithmTrainer(
         {"algo": {"type": "grpo"}, "model": {"name": "tiny", "backend": "vllm", "vllm": vllm_options, **adapter},
@@ -214,15 +217,48 @@ def test_a_vllm_policy_is_synced_after_every_step(mode, lora, server, tiny_path,
     calls = []
     original = trainer.rollout.policy.sync_weights
     trainer.rollout.policy.sync_weights = lambda m: (calls.append(trainer.state.global_step), original(m))
+    if mode == "server":
+        assert (trainer.rollout.policy.handoff_folder() is None) == (handoff == "http")
     trainer.train()
     assert calls == [0, 1, 2]  # once per optimizer step, before sampling
+    assert trainer.rollout.policy.num_weight_pushes == 3
     logs = [h for h in trainer.state.log_history if "loss" in h]
     for h in logs:  # the sampler/trainer mismatch is measured and small on the same weights
         assert abs(h["sampling/importance_sampling_ratio/mean"] - 1) < 1e-3
     trainer.rollout.policy.sync_weights(trainer.accelerator.unwrap_model(trainer.model))  # after the last step
     assert _policy_matches_trainer(trainer, tok) < TOL
     if mode == "server":  # give the module's server its original weights back
-        trainer.rollout.policy.sync_weights(model)
+        trainer.rollout.policy.push_weights(model)
+        folder = trainer.rollout.policy.handoff_folder()
+        assert folder is None or os.listdir(folder) == []  # the handed-over file does not outlive the push
+
+
+@pytest.mark.parametrize("mode", ["colocate", "server"])
+def test_weights_move_only_when_the_sampler_samples(mode, server, tiny_path, oracle, tmp_path):
+    """Two warm-up steps imitate scripted players (the policy samples nothing) and push no weights; the RL step
+    after them pushes once, and the sampler then samples with the trainer's weights."""
+    model, tok = oracle
+    scripted = {"model": "scripted", "policy": "multiagent_rl.envs.kuhn_poker:random_policy", "algo": {"type": "sft"}}
+    vllm_options = {"mode": mode, "max_model_len": 512} | ({"base_url": server} if mode == "server" else {})
+    trainer = MixedAlgorithmTrainer(
+        {"algo": {"type": "grpo"}, "model": {"name": "tiny", "backend": "vllm", "vllm": vllm_options},
+         "env": [{"id": "kuhn_poker", "name": "warm", "args": {"legal_choices": True}, "group_size": 2,
+                  "roles": {"player_0": scripted, "player_1": scripted}},
+                 {"id": "kuhn_poker", "args": {"legal_choices": True}, "group_size": 2}],
+         "phase": [{"name": "warmup", "steps": 2, "envs": ["warm"]}, {"name": "rl", "envs": ["kuhn_poker"]}]},
+        args=MixedAlgorithmConfig(output_dir=str(tmp_path), max_steps=3, report_to=[], save_strategy="no",
+                                  save_episodes=False, groups_per_step=2, learning_rate=3e-3, max_completion_length=2,
+                                  disable_tqdm=True),
+        model=copy.deepcopy(model), processing_class=tok)
+    policy = trainer.rollout.policy
+    before = policy.num_weight_pushes
+    trainer.train()
+    assert policy.num_weight_pushes - before == 1  # steps 0 and 1 sampled nothing: only step 2 pushed
+    trainer.rollout.policy.sync_weights(trainer.accelerator.unwrap_model(trainer.model))  # after the last step
+    assert _policy_matches_trainer(trainer, tok) < TOL
+    assert policy.num_weight_pushes - before == 2
+    if mode == "server":
+        policy.push_weights(model)
 
 
 def test_a_killed_server_fails_its_episodes_and_the_run_stops(tiny_path, oracle, tmp_path):

@@ -73,9 +73,9 @@ def build_policy_backend(model_config: Any, live_model: Any, tokenizer: Any, *, 
                          seed: int = 0, endpoints: dict[str, EndpointConfig] | None = None) -> GenerationBackend:
     """The trained policy's backend from ``[model]`` (a ``ModelConfig``): ``backend = "transformers"`` serves the
     live module itself; ``"vllm"`` an in-process engine (``vllm.mode = "colocate"``) or a server
-    (``"server"``, ``vllm.base_url``), both fed the trainer's weights after every optimizer step. A server is asked
-    at once whether it is up and serves the model (``EndpointBackend.check_server``); its context length is the one
-    it reports."""
+    (``"server"``, ``vllm.base_url``), both fed the trainer's weights after an optimizer step, right before they
+    next sample (``vllm.weight_handoff``: how a server gets them). A server is asked at once whether it is up and
+    serves the model (``EndpointBackend.check_server``); its context length is the one it reports."""
     if model_config.backend == "transformers":
         return TransformersBackend(live_model, tokenizer, model_id=POLICY, max_batch_size=max_batch_size)
     from ..models import resolve_model
@@ -92,7 +92,8 @@ def build_policy_backend(model_config: Any, live_model: Any, tokenizer: Any, *, 
         served = EndpointConfig(kind="vllm", base_url=options.base_url, model=options.served_model or path,
                                 api_key_env=options.api_key_env, timeout=options.timeout,
                                 max_concurrency=options.max_concurrency)
-        backend = EndpointBackend(served, tokenizer=tokenizer, model_id=POLICY)
+        backend = EndpointBackend(served, tokenizer=tokenizer, model_id=POLICY, weight_handoff=options.weight_handoff,
+                                  weights_dir=options.weights_dir)
         backend.check_server()  # up, serving this model? (else an EndpointError that says what to do) Its context:
         if backend.max_context is None:  # the server did not say
             backend.max_context = options.max_model_len

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -97,7 +97,38 @@ class GenerationBackend(Protocol):
         token read with the softmax over its allowed ids if given and at its temperature (teachers)."""
 
     def sync_weights(self, model) -> None:
-        """Policy backends: take the trainer's current weights (called after every optimizer step)."""
+        """Policy backends: take the trainer's current weights (called after every optimizer step; a served backend
+        defers the push to its next request, [`DeferredWeightPush`][multiagent_rl.backends.base.DeferredWeightPush])."""
+
+
+class DeferredWeightPush:
+    """For backends whose weights live elsewhere (a vLLM engine, a server): ``sync_weights(model)`` only notes that
+    the sampler is behind, and the weights move right before it next samples or scores (``push_pending_weights``,
+    called at the start of every request). A step where the policy samples nothing — a scripted warm-up, an
+    imitation phase — moves no weights, and several optimizer steps without sampling move them once.
+
+    A subclass implements ``push_weights(model)`` (the eager push). A push that fails leaves the weights pending,
+    so every later request retries it and fails the same way: the sampler never samples silently with old weights.
+    """
+
+    _pending_model: Any = None
+    num_weight_pushes: int = 0
+    """Pushes made so far (what the deferral saves shows in it)."""
+
+    def sync_weights(self, model) -> None:
+        self._pending_model = model
+
+    def push_weights(self, model) -> None:
+        raise NotImplementedError
+
+    def push_pending_weights(self) -> None:
+        """Push the weights noted by the last ``sync_weights``, if any are still pending."""
+        model = self._pending_model
+        if model is None:
+            return
+        self.push_weights(model)
+        self._pending_model = None
+        self.num_weight_pushes += 1
 
 
 def check_context(prompt_tokens: int, max_new_tokens: int, limit: int | None, model_id: str) -> None:

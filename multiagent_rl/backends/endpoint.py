@@ -28,16 +28,21 @@ error and a stopped run's summary quote.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import base64
+import logging
 import math
 import os
+import shutil
 from typing import Any, Literal
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
-from .base import Generation, SamplingParams, check_context
+from .base import DeferredWeightPush, Generation, SamplingParams, check_context
 from .endpoint_errors import EndpointError, describe, explain, server_message, setting
+
+logger = logging.getLogger(__name__)
 
 KINDS = ("vllm", "openai")
 
@@ -96,7 +101,7 @@ def parse_reference(model: str, endpoints: dict[str, EndpointConfig] | None = No
     return EndpointConfig(kind=scheme, base_url=base_url, model=name)
 
 
-class EndpointBackend:
+class EndpointBackend(DeferredWeightPush):
     """A generation backend for a model behind an OpenAI-compatible server (see the module docstring).
 
     ```pycon
@@ -108,10 +113,13 @@ class EndpointBackend:
     exact_logprobs = False
     """Another engine's logprobs: a served policy gets the importance-sampling correction."""
 
-    def __init__(self, config: EndpointConfig, tokenizer=None, model_id: str | None = None):
+    def __init__(self, config: EndpointConfig, tokenizer=None, model_id: str | None = None, *,
+                 weight_handoff: Literal["auto", "file", "http"] = "auto", weights_dir: str | None = None):
         from ..models import load_tokenizer
 
         self.config = config
+        self.weight_handoff, self.weights_dir = weight_handoff, weights_dir
+        """How a trained policy's weights reach the server (see ``push_weights``)."""
         self.model_id = model_id or config.reference
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config.tokenizer or config.model)
         key_env = config.api_key_env or ("OPENAI_API_KEY" if config.kind == "openai" else None)
@@ -200,6 +208,7 @@ class EndpointBackend:
         if not self._asked:
             await self._ask_server()
         check_context(len(prompt_ids), params.max_new_tokens, self.max_context, self.model_id)
+        self.push_pending_weights()  # no await before it: the first request pushes, the others find it done
         async with self._slots:
             self.num_requests += 1
             if self.config.kind == "vllm":
@@ -253,6 +262,7 @@ class EndpointBackend:
         if self.config.kind != "vllm":
             raise ValueError(f"{self.model_id} cannot score tokens: teacher scoring needs a vLLM server")
         self._bind_loop()
+        self.push_pending_weights()
         return list(await asyncio.gather(*(
             self._score_one(seq, None if allowed is None else allowed[i], None if temperatures is None
                             else temperatures[i]) for i, seq in enumerate(sequences))))
@@ -290,26 +300,87 @@ class EndpointBackend:
 
     # -- the policy's server: new weights after every optimizer step --------------------------------
     def sync_weights(self, model) -> None:
-        """Push ``model``'s weights into the server (started with this package's worker extension, see
-        [`vllm_sync`][multiagent_rl.backends.vllm_sync]), then drop its prefix cache (cached prompts hold
-        activations of the old weights)."""
-        from .vllm_sync import served_tensors
-
+        """Note ``model``'s weights for the server; they are pushed right before the next request
+        ([`DeferredWeightPush`][multiagent_rl.backends.base.DeferredWeightPush], ``push_weights``)."""
         if self.config.kind != "vllm":
             raise ValueError(f"{self.model_id} is not a vLLM server: its weights cannot be updated")
+        super().sync_weights(model)
+
+    def handoff_folder(self) -> str | None:
+        """The folder weights go through as a file, or None for the HTTP body: ``weights_dir`` when given; with
+        ``weight_handoff = "auto"`` (or ``"file"``) and a server on this machine (a loopback URL), a private
+        temporary folder; else None (``"http"``, or a remote server without a shared ``weights_dir``)."""
+        if self.weight_handoff == "http":
+            return None
+        if self.weights_dir is not None:
+            return self.weights_dir
+        host = httpx.URL(self.config.base_url).host
+        if host in ("127.0.0.1", "localhost", "::1", "[::1]"):
+            if getattr(self, "_own_folder", None) is None:
+                import tempfile
+
+                shared = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+                self._own_folder = tempfile.mkdtemp(prefix="multiagent_rl-weights-", dir=shared)
+                atexit.register(shutil.rmtree, self._own_folder, ignore_errors=True)
+            return self._own_folder
+        if self.weight_handoff == "file":
+            raise ValueError(f"{describe(self.model_id)}: weight_handoff = 'file' with a server at {self.config.base_url}, "
+                             "not on this machine: set [model.vllm] weights_dir to a folder both machines read")
+        return None
+
+    def push_weights(self, model) -> None:
+        """Push ``model``'s weights into the server now (started with this package's worker extension, see
+        [`vllm_sync`][multiagent_rl.backends.vllm_sync]), then drop its prefix cache (cached prompts hold
+        activations of the old weights). Through a safetensors file in ``handoff_folder()`` when there is one (the
+        server reads it from disk, or from memory under ``/dev/shm``: no copy inside the request), else inside the
+        HTTP request as base64. A loopback server that cannot read the file (another container behind a forwarded
+        port) is sent the weights over HTTP from then on, with a warning."""
+        from .vllm_sync import served_tensors
+
+        tensors = served_tensors(model)
+        folder = self.handoff_folder()
+        if folder is not None:
+            try:
+                self._push_file(tensors, folder)
+                return
+            except EndpointError as exc:
+                if self.weights_dir is not None or self.weight_handoff == "file" or "reading" not in str(exc):
+                    raise
+                logger.warning("%s; sending the weights inside the HTTP request from now on "
+                               "([model.vllm] weights_dir: a folder the server shares)", exc)
+                self.weight_handoff = "http"
         from safetensors.torch import save
 
-        blob = base64.b64encode(save(served_tensors(model))).decode()
+        self._post_weights({"method": "load_safetensors_b64", "args": [base64.b64encode(save(tensors)).decode()]})
+
+    def _push_file(self, tensors: dict, folder: str) -> None:
+        from safetensors.torch import save_file
+
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, f"weights-{os.getpid()}.safetensors")
+        save_file(tensors, path + ".partial")
+        os.replace(path + ".partial", path)  # the server never reads a half-written file
+        try:
+            self._post_weights({"method": "load_safetensors_file", "args": [os.path.abspath(path)]}, reading=folder)
+        finally:
+            if os.path.exists(path):
+                os.remove(path)
+
+    def _post_weights(self, request: dict, reading: str | None = None) -> None:
         root = self.config.base_url.rstrip("/").removesuffix("/v1")
         url = f"{root}/collective_rpc"
         try:
             with httpx.Client(timeout=self.config.timeout, headers=self._headers) as client:
-                reply = client.post(url, json={"method": "load_safetensors_b64", "args": [blob]})
+                reply = client.post(url, json=request)
                 if reply.status_code != 200:
+                    hint = ("start the server with VLLM_SERVER_DEV_MODE=1 and --worker-extension-cls "
+                            "multiagent_rl.backends.vllm_sync.WeightSyncExtension")
+                    if reading is not None:
+                        hint = (f"the server failed reading the weights from {reading} (it must see that folder: "
+                                "set [model.vllm] weights_dir to one it shares, or weight_handoff = 'http'), or " + hint)
                     raise EndpointError(
                         f"{describe(self.model_id)}: pushing weights to {url} failed ({reply.status_code}: "
-                        f"{server_message(reply.text, 'no message')}); start the server with VLLM_SERVER_DEV_MODE=1 "
-                        "and --worker-extension-cls multiagent_rl.backends.vllm_sync.WeightSyncExtension")
+                        f"{server_message(reply.text, 'no message')}); {hint}")
                 url = f"{root}/reset_prefix_cache"
                 client.post(url).raise_for_status()
         except httpx.HTTPError as exc:

@@ -21,7 +21,7 @@ import warnings
 import weakref
 from typing import Any
 
-from .base import Generation, SamplingParams, TickBatcher
+from .base import DeferredWeightPush, Generation, SamplingParams, TickBatcher
 
 logger = logging.getLogger(__name__)
 _said_versions = False
@@ -68,7 +68,7 @@ def shutdown_engine(engine_core: Any) -> None:
     engine_core.shutdown()
 
 
-class VLLMColocatedBackend(TickBatcher):
+class VLLMColocatedBackend(DeferredWeightPush, TickBatcher):
     """An in-process ``vllm.LLM`` serving the policy (see the module docstring).
 
     ```pycon
@@ -139,6 +139,7 @@ class VLLMColocatedBackend(TickBatcher):
         """One ``LLM.generate`` call for prompts sharing the same sampling params."""
         from vllm.inputs import TokensPrompt
 
+        self.push_pending_weights()
         self.num_generate_calls += 1
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], self._params(params),
                                     use_tqdm=False)
@@ -160,6 +161,7 @@ class VLLMColocatedBackend(TickBatcher):
         from vllm import SamplingParams as VLLMParams
         from vllm.inputs import TokensPrompt
 
+        self.push_pending_weights()
         results: list[list[float | None]] = []
         for i, seq in enumerate(sequences):
             if len(seq) < 2:
@@ -185,7 +187,8 @@ class VLLMColocatedBackend(TickBatcher):
             results.append(scores)
         return results
 
-    def sync_weights(self, model) -> None:
+    def push_weights(self, model) -> None:
+        """Into the engine now (``sync_weights`` defers this to the next request)."""
         from .vllm_sync import push_weights
 
         push_weights(self.llm, model)

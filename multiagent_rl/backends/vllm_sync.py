@@ -1,4 +1,4 @@
-"""New weights into a running vLLM engine, after every optimizer step.
+"""New weights into a running vLLM engine, after an optimizer step, when it next samples.
 
 On CPU, vLLM repacks every linear layer's weight into a oneDNN handle when it loads a model (the layer's
 ``weight`` parameter is emptied), so loading tensors straight into the model — what TRL's colocated sync
@@ -10,9 +10,14 @@ receives no tensor of its own and keeps a packed copy of the old embeddings. So:
 re-packs a tied head, resets the
   prefix cache (its cached prompts hold activations of the old weights);
 - a server started with ``--worker-extension-cls multiagent_rl.backends.vllm_sync.WeightSyncExtension`` and
-  ``VLLM_SERVER_DEV_MODE=1`` takes the weights as a base64 safetensors blob at ``POST /collective_rpc``
-  (``{"method": "load_safetensors_b64", "args": [blob]}``), then ``POST /reset_prefix_cache``
-  (``EndpointBackend.sync_weights`` does both).
+  ``VLLM_SERVER_DEV_MODE=1`` takes the weights at ``POST /collective_rpc`` as a safetensors file it reads
+  (``{"method": "load_safetensors_file", "args": [path]}``: a server on the same machine, or any server that shares
+  ``[model.vllm] weights_dir``) or as a base64 blob inside the request (``load_safetensors_b64``), then
+  ``POST /reset_prefix_cache`` (``EndpointBackend.push_weights`` does both).
+
+Either way the push waits until the sampler is next asked for a sample or a score
+([`DeferredWeightPush`][multiagent_rl.backends.base.DeferredWeightPush]): steps where the policy samples nothing
+move no weights.
 
 Measured on CPU with vLLM 0.32: after a push, vLLM's logprobs equal the trainer's to 5e-6.
 """
@@ -64,7 +69,14 @@ def load_into_worker(worker: Any, named_tensors: list[tuple[str, Any]]) -> int:
 
 
 class WeightSyncExtension:
-    """A vLLM worker extension (``--worker-extension-cls``): ``load_safetensors_b64(blob)`` over ``/collective_rpc``."""
+    """A vLLM worker extension (``--worker-extension-cls``): over ``/collective_rpc``, ``load_safetensors_file(path)``
+    (a file the trainer wrote where the server can read it) or ``load_safetensors_b64(blob)`` (the file's bytes
+    inside the request)."""
+
+    def load_safetensors_file(self, path: str) -> int:
+        from safetensors.torch import load_file
+
+        return load_into_worker(self, list(load_file(path).items()))
 
     def load_safetensors_b64(self, data: str) -> int:
         from safetensors.torch import load
