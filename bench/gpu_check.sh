@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU check: one GPU, no network, unattended, under 8 minutes. Prints PASS/FAIL lines and a summary.
+# GPU check: one GPU, no network, unattended, under 13 minutes. Prints PASS/FAIL lines and a summary.
 #
 #   bash bench/gpu_check.sh                       # the embedded tiny model
 #   MODEL=/models/Qwen2.5-0.5B-Instruct bash bench/gpu_check.sh   # a small real model on local disk
@@ -11,7 +11,9 @@
 # after every step, a killed server, smollm2-135m through vLLM); (3) a few steps of the Kuhn recipe with a colocated
 # vLLM policy; (4) tokens/s of the policy backend (vLLM through the harness) vs vLLM alone on the same prompts: target
 # >= 80%; (5) SmolLM2-135M-Instruct (bench/real_model.py): rollout tokens/s transformers vs vLLM colocated, trainer
-# tokens/s full vs LoRA in fp32 and bf16, peak memory of each (the table docs/models.md shows for a CPU).
+# tokens/s full vs LoRA in fp32 and bf16, peak memory of each (the table docs/models.md shows for a CPU); (6) the
+# weight handoff to a vLLM server, file vs base64 over HTTP (bench/weight_handoff.py; docs/speed_results.md); (7)
+# where a Kuhn step's time goes (bench/step_profile.py).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 TOKENIZERS_PARALLELISM=false
@@ -54,5 +56,9 @@ sys.exit(0 if ok and rows else 1)
 EOF
 check real_model 240 python bench/real_model.py
 sed -n '/^real model:/,/^reproduce:/p' "$OUT/real_model.log"
+check weight_handoff 180 python bench/weight_handoff.py --reps 3
+grep -A4 "^smollm2-135m:" "$OUT/weight_handoff.log"; grep "^http / file" "$OUT/weight_handoff.log"
+check step_profile 120 python bench/step_profile.py --steps 11
+grep -A12 " s a step " "$OUT/step_profile.log" | grep "^|\| s a step"
 echo "$([ $status = 0 ] && echo 'ALL PASS' || echo 'SOME FAILED') (logs in $OUT)"
 exit $status
