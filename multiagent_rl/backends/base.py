@@ -163,6 +163,7 @@ class TickBatcher:
         self._worker: asyncio.Task | None = None
 
     def generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        """Sample one continuation per prompt (token ids) with ``params``, in the prompts' order."""
         raise NotImplementedError
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, messages=None) -> Generation:
