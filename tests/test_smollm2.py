@@ -2,8 +2,8 @@
 
 The converted folder is built once per machine (the cache outlives the session) and loaded once for the module.
 Checks: the architecture and the saved config (no ``quantization_config``, or Trainer refuses to fine-tune it), real
-weights (a greedy answer), token-exact multi-turn chat through the library's chat-template pieces, one LoRA step
-through ``MixedAlgorithmTrainer`` by name, and the error naming the install line when a package is missing.
+weights (a greedy answer), token-exact multi-turn chat through the library's chat-template pieces, tools rendered by
+the template, one LoRA step through ``MixedAlgorithmTrainer`` by name, and the error naming the install line when a package is missing.
 """
 
 from __future__ import annotations
@@ -109,6 +109,40 @@ def test_multi_turn_chat_is_token_exact_through_the_template_pieces(smol):
     cut = template.encode(reply)  # a reply stopped by its length: the next turn closes it
     assert not template.ends_turn(cut)
     assert first + cut + template.user_turn_ids(follow_up, reply_ended_turn=False) == whole
+
+
+@needs_package
+def test_the_template_is_the_files_own_without_tools_and_shows_the_schemas_with_them(smol):
+    """The converted tokenizer's template renders every conversation without tools exactly as the GGUF file's own
+    template does (system turn or not, generation prompt or not), and with tools puts their schemas and the
+    ``<tool_call>`` format in the system turn, where the tool harness (the agentic judge's) needs them; the file's
+    own template drops them silently, which the harness refuses."""
+    from transformers import AutoTokenizer
+
+    _, tok = smol
+    path = smollm2.gguf_path()
+    original = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    assert original.chat_template != tok.chat_template == smollm2.CHAT_TEMPLATE
+    turns = [{"role": "user", "content": "List the files."}, {"role": "assistant", "content": "a.py b.py"},
+             {"role": "user", "content": "Thanks"}]
+    for conversation in (turns, [{"role": "system", "content": "You are a judge."}, *turns], turns[:1]):
+        for generation in (True, False):
+            ours = tok.apply_chat_template(conversation, add_generation_prompt=generation, tokenize=False)
+            assert ours == original.apply_chat_template(conversation, add_generation_prompt=generation,
+                                                        tokenize=False)
+    schema = {"type": "function", "function": {"name": "read_file", "description": "Read a file.",
+                                               "parameters": {"type": "object", "properties": {"path": {
+                                                   "type": "string"}}, "required": ["path"]}}}
+    for conversation in (turns, [{"role": "system", "content": "You are a judge."}, *turns]):
+        rendered = tok.apply_chat_template(conversation, tools=[schema], add_generation_prompt=True, tokenize=False)
+        system = rendered.split("<|im_end|>")[0]
+        assert system.startswith("<|im_start|>system\n") and json.dumps(schema) in system
+        assert "<tool_call>" in system and rendered.count("<tools>") == 1
+        plain = original.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
+        assert rendered.split("<|im_end|>\n", 1)[1] == plain.split("<|im_end|>\n", 1)[1]  # only the system turn grows
+    template = ChatTemplate(tok)
+    ids = template.prompt_ids(turns[:1], tools=[schema])  # the harness's check that the tools are rendered
+    assert '"read_file"' in tok.decode(ids)
 
 
 @needs_package

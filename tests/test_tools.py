@@ -143,3 +143,15 @@ def test_echo_trains_on_tool_results_after_the_first_action():
 def test_parse_tool_calls_reads_arguments_given_as_a_json_string():
     (call,) = parse_tool_calls('<tool_call>{"name": "add", "arguments": "{\\"a\\": 1, \\"b\\": 2}"}</tool_call>')
     assert call.name == "add" and call.arguments == {"a": 1, "b": 2} and call.error is None
+
+
+def test_parse_tool_calls_reads_a_json_list_of_calls_in_one_block():
+    """The APIGen format (one block, a list of calls): each element is a call; one bad element is an error call
+    and does not hide the good ones."""
+    calls = parse_tool_calls('<tool_call>[{"name": "add", "arguments": {"a": 1, "b": 2}}, 7, '
+                             '{"name": "ls"}]</tool_call>')
+    assert [(c.name, c.arguments, c.error is None) for c in calls] == [
+        ("add", {"a": 1, "b": 2}, True), ("", {}, False), ("ls", {}, True)]
+    assert "right shape" in calls[1].error
+    (empty,) = parse_tool_calls("<tool_call>[]</tool_call>")
+    assert empty.error and "right shape" in empty.error

