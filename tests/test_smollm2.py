@@ -146,6 +146,27 @@ def test_the_template_is_the_files_own_without_tools_and_shows_the_schemas_with_
 
 
 @needs_package
+def test_a_scripted_seat_imitated_with_sft_is_recorded_in_the_policys_vocabulary(smol):
+    """An sft warm-up's scripted seat (a teacher the policy imitates) writes its trace with the tokenizer of the
+    learner it trains, not the tiny model's: the tokens are the policy's own rendering of the conversation."""
+    from multiagent_rl.backends import TransformersBackend
+    from multiagent_rl.rollout.engine import Orchestrator
+
+    model, tok = smol
+    env = SingleAgentEnv([{"prompt": "What is 2 + 3?"}], reward=lambda task, trace: 1.0)
+    experiment = ExperimentConfig.model_validate({
+        "model": {"name": SMOLLM2},
+        "env": [{"id": "arith", "instance": env, "group_size": 1, "roles": {
+            "agent": {"model": "scripted", "policy": lambda turn: "It is 5.", "algo": {"type": "sft"}}}}],
+    })
+    orchestrator = Orchestrator(experiment, TransformersBackend(model, tok), groups_per_step=1)
+    (episode,) = orchestrator.play(0)
+    (trace,) = episode.traces
+    conversation = [{"role": "user", "content": "What is 2 + 3?"}, {"role": "assistant", "content": "It is 5."}]
+    assert trace.token_ids == tok.apply_chat_template(conversation, return_dict=True)["input_ids"][:-1]
+
+
+@needs_package
 def test_one_lora_step_by_name_trains_only_the_adapter(smol, tmp_path, mixed_args):
     """``[model] name = "smollm2-135m"`` with ``lora``: one GRPO step on sampled replies, finite loss, only the
     adapter's weights move. Distinct rewards in the group keep every advantage non-zero."""

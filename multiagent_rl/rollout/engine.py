@@ -31,6 +31,7 @@ from ..config import POOL_PREFIX, ExperimentConfig, PoolSamplingConfig, env_labe
 from ..data.sinks import EpisodeSink
 from ..envs.base import DEFAULT_EPISODE_TIMEOUT, Env, play_episodes, run_sync
 from ..episodes.episode import Episode
+from ..policies import learner_of_seat
 from ..tasks.datasets import DatasetTasks
 from .health import RunHealth
 from .pools import build_pools, opponent_metrics, record_results
@@ -173,8 +174,11 @@ class Orchestrator:
                 target = model[len(POOL_PREFIX):]
                 pool_seats[role] = (target, rc.pool or PoolSamplingConfig(), config)
                 backend = self.policies.get(target)  # stands in for env.setup; each group draws a snapshot
-            else:
-                backend = self.policies.get(self.experiment.policy_of_seat(spec, role)) if model == "policy" else None
+            elif model == "policy":
+                backend = self.policies.get(self.experiment.policy_of_seat(spec, role))
+            else:  # a trained scripted seat writes its tokens in its learner's vocabulary, not the tiny model's
+                trained = model == "scripted" and self.experiment.seat_trainable(spec, role)
+                backend = self.policies.get(learner_of_seat(self.experiment, spec, role)) if trained else None
             agents[role] = make_agent(config, policy_backend=backend, device=self.device,
                                       endpoints=self.experiment.endpoints)
             trainable[role] = self.experiment.seat_trainable(spec, role)
