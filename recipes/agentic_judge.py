@@ -23,7 +23,9 @@ drives it token by token, so a vLLM server; see docs/agentic_judge.md); the defa
 model's 2,048 positions cannot hold the judge's prompt): the solver picks a random candidate (scripted), the
 judge explores the workspace with real tool calls and is rewarded by agreement with the candidate's ground-truth
 label, ``1 − |score − correct|`` (0 without a verdict that parses). Logged per step: the share of judge replies
-with a verdict that parses, of tool calls that ran without error, and agreement.
+with a verdict that parses, of tool calls that ran without error, and agreement. ``--warmup-steps N`` first has the
+policy imitate the scripted judge for N ``sft`` steps (SmolLM2-135M writes neither a tool call nor a verdict that
+parses on its own, so RL alone gets no signal; docs/agentic_judge_results.md); the logged curves are the RL phase's.
 
 ``--solver hostile`` replaces the solver by a scripted one that writes attacks instead of code (every attack of
 ``multiagent_rl.envs.agentic_judge.ATTACKS`` in turn: forged grades, FIFOs, deep trees, memory and disk hogs, fork
@@ -42,6 +44,7 @@ import sys
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 from multiagent_rl.config import ExperimentConfig  # noqa: E402
+from multiagent_rl.training.phases import warmup_then_rl  # noqa: E402
 from multiagent_rl.training.run import (HelpFormatter, add_hub_flags, add_lora_flag, finish,  # noqa: E402
                                         lora_config, train)
 from multiagent_rl.training.trainer import MixedAlgorithmTrainer  # noqa: E402
@@ -78,15 +81,24 @@ def experiment(args) -> ExperimentConfig:
 
 def judge_experiment(args) -> ExperimentConfig:
     """The policy is the judge, rewarded by agreement with the ground-truth labels; a scripted solver picks random
-    candidates (half of each task's candidates are wrong, some written to pass every test)."""
+    candidates (half of each task's candidates are wrong, some written to pass every test). With
+    ``--warmup-steps`` the policy first imitates (``sft``) the scripted ``examples_judge``: its tool call and its
+    verdict in the rubric's JSON, the format a small model does not find by sampling."""
+    env_args = {"solver_mode": "choose", "judge_tokens": args.judge_tokens}
+    solver = {"model": "scripted", "policy": "multiagent_rl.envs.agentic_judge:random_solver", "trainable": False}
+    envs = [{"id": "agentic_judge", "args": env_args, "group_size": args.group_size,
+             "roles": {"solver": solver, "judge": {"model": "policy", "trainable": True}}}]
+    warmup = args.warmup_steps
+    if warmup:
+        teacher = {"model": "scripted", "policy": "multiagent_rl.envs.agentic_judge:examples_judge",
+                   "algo": {"type": "sft"}}
+        envs.insert(0, {"id": "agentic_judge", "name": "agentic_judge_warmup", "args": env_args,
+                        "group_size": args.group_size, "roles": {"solver": solver, "judge": teacher}})
     return ExperimentConfig.model_validate({
         "model": {"name": args.model, "lora": lora_config(args.lora)},
         "algo": {"type": "grpo"},
-        "env": [{"id": "agentic_judge", "args": {"solver_mode": "choose", "judge_tokens": args.judge_tokens},
-                 "group_size": args.group_size,
-                 "roles": {"solver": {"model": "scripted", "policy": "multiagent_rl.envs.agentic_judge:random_solver",
-                                      "trainable": False},
-                           "judge": {"model": "policy", "trainable": True}}}],
+        "env": envs,
+        "phase": warmup_then_rl(warmup, ["agentic_judge_warmup"], ["agentic_judge"], fresh_optimizer=True),
         "trainer": {
             "output_dir": args.output_dir, "max_steps": args.steps, "learning_rate": args.lr,
             "lr_scheduler_type": "constant", "groups_per_step": args.groups_per_step, "seed": args.seed,
@@ -213,6 +225,9 @@ def main(argv=None) -> dict:
                    help="the seat the policy plays and trains: the solver (judged by --judge-model), or the judge "
                         "(rewarded by agreement with the labels; a scripted solver picks random candidates)")
     p.add_argument("--judge-tokens", type=int, default=256, help="with --train judge: most tokens per judge reply")
+    p.add_argument("--warmup-steps", type=int, default=0,
+                   help="with --train judge: first this many sft steps imitating the scripted examples_judge (its "
+                        "tool call and its verdict's JSON), then RL; counted in --steps; e.g. 20 for --model smollm2-135m")
     p.add_argument("--temperature", type=float, default=1.0,
                    help="sampling temperature of the policy (trained at it); e.g. 0.7 for a small chat model judge")
     p.add_argument("--judge-model", default="scripted",
@@ -231,6 +246,9 @@ def main(argv=None) -> dict:
     args = p.parse_args(argv)
     if args.train == "judge" and args.solver == "hostile":
         p.error("--train judge with --solver hostile: the hostile run trains nothing; drop one of them")
+    if args.warmup_steps and (args.train != "judge" or args.warmup_steps >= args.steps):
+        p.error(f"--warmup-steps {args.warmup_steps}: a warm-up of the judge, so with --train judge, and fewer than "
+                f"--steps ({args.steps}) so that RL runs after it")
     if args.train == "judge" and args.model == "tiny":
         p.error("--train judge needs a model whose context holds the judge's prompt (~2,000-2,400 tokens; the tiny "
                 "model has 2,048 positions): e.g. --model smollm2-135m --lora 16")

@@ -174,7 +174,8 @@ def test_agentic_judge_train_judge_puts_the_policy_in_the_judge_seat():
 
     args = argparse.Namespace(model="smollm2-135m", lora=16, train="judge", solver="policy", reward="judge",
                               judge_model="scripted", judge_tokens=128, temperature=0.7, steps=4, group_size=2,
-                              groups_per_step=1, lr=1e-4, log_every=1, seed=0, output_dir="x", report_to=[])
+                              groups_per_step=1, lr=1e-4, log_every=1, seed=0, output_dir="x", report_to=[],
+                              warmup_steps=0)
     config = agentic_judge.experiment(args)
     (entry,) = config.env
     assert entry.roles["judge"].model == "policy" and entry.roles["judge"].trainable is True
@@ -185,3 +186,15 @@ def test_agentic_judge_train_judge_puts_the_policy_in_the_judge_seat():
     assert rows == [{"step": 2, "verdict": 0.5, "agrees": 0.25}]
     with pytest.raises(SystemExit):
         agentic_judge.main(["--train", "judge"])  # the tiny model cannot hold the judge's prompt: refused
+    # A warm-up: the scripted examples judge sits in the judge's seat for its steps and is imitated (sft); then
+    # the policy judges, with a fresh optimizer.
+    args.warmup_steps = 3
+    warm, rl = agentic_judge.experiment(args).env
+    assert warm.name == "agentic_judge_warmup" and warm.roles["judge"].model == "scripted"
+    assert warm.roles["judge"].algo.type == "sft" and warm.roles["solver"].trainable is False
+    assert (warm.start_step, warm.stop_step, rl.start_step, rl.stop_step) == (0, 3, 3, None)
+    assert rl.roles["judge"].model == "policy"
+    for flags in (["--warmup-steps", "2"], ["--train", "judge", "--model", "smollm2-135m", "--warmup-steps", "4",
+                                            "--steps", "4"]):
+        with pytest.raises(SystemExit):
+            agentic_judge.main(flags)
