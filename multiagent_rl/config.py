@@ -195,6 +195,9 @@ class ModelConfig(_Strict):
     """What samples the policy: the live transformers model (default) or vLLM (``[model.vllm]``)."""
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)
     """vLLM options (used when ``backend = "vllm"``)."""
+    prefix_cache_mb: int = Field(1024, ge=0)
+    """The transformers backend keeps up to this many MB of keys and values of the conversations so far, so a turn
+    encodes only its new tokens (0: every prompt encoded whole)."""
 
 
 class ExperimentConfig(_Strict):

@@ -26,6 +26,10 @@ label, ``1 − |score − correct|`` (0 without a verdict that parses). Logged p
 with a verdict that parses, of tool calls that ran without error, and agreement. ``--warmup-steps N`` first has the
 policy imitate the scripted judge for N ``sft`` steps (SmolLM2-135M writes neither a tool call nor a verdict that
 parses on its own, so RL alone gets no signal; docs/agentic_judge_results.md); the logged curves are the RL phase's.
+The judge trains on 24 of the 30 tasks; before the first step, after the warm-up, every ``--eval-every`` steps and
+after the last it judges every candidate of the other 6 greedily (``multiagent_rl.envs.agentic_judge.evaluation``):
+``held_out_before`` / ``held_out_after`` in the summary (verdicts that parse, tool calls and their success, agreement
+with the labels).
 
 ``--solver hostile`` replaces the solver by a scripted one that writes attacks instead of code (every attack of
 ``multiagent_rl.envs.agentic_judge.ATTACKS`` in turn: forged grades, FIFOs, deep trees, memory and disk hogs, fork
@@ -44,6 +48,7 @@ import sys
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 from multiagent_rl.config import ExperimentConfig  # noqa: E402
+from multiagent_rl.envs.agentic_judge.evaluation import JudgeEvaluation, training_tasks  # noqa: E402
 from multiagent_rl.training.phases import warmup_then_rl  # noqa: E402
 from multiagent_rl.training.run import (HelpFormatter, add_hub_flags, add_lora_flag, finish,  # noqa: E402
                                         lora_config, train)
@@ -84,7 +89,7 @@ def judge_experiment(args) -> ExperimentConfig:
     candidates (half of each task's candidates are wrong, some written to pass every test). With
     ``--warmup-steps`` the policy first imitates (``sft``) the scripted ``examples_judge``: its tool call and its
     verdict in the rubric's JSON, the format a small model does not find by sampling."""
-    env_args = {"solver_mode": "choose", "judge_tokens": args.judge_tokens}
+    env_args = {"solver_mode": "choose", "judge_tokens": args.judge_tokens, "tasks": training_tasks()}
     solver = {"model": "scripted", "policy": "multiagent_rl.envs.agentic_judge:random_solver", "trainable": False}
     envs = [{"id": "agentic_judge", "args": env_args, "group_size": args.group_size,
              "roles": {"solver": solver, "judge": {"model": "policy", "trainable": True}}}]
@@ -228,6 +233,10 @@ def main(argv=None) -> dict:
     p.add_argument("--warmup-steps", type=int, default=0,
                    help="with --train judge: first this many sft steps imitating the scripted examples_judge (its "
                         "tool call and its verdict's JSON), then RL; counted in --steps; e.g. 20 for --model smollm2-135m")
+    p.add_argument("--eval-every", type=int, default=0,
+                   help="with --train judge: steps between held-out evaluations of the judge (greedy, every candidate "
+                        "of 6 tasks it never trains on); it is always evaluated before the first step, after the "
+                        "warm-up and after the last step")
     p.add_argument("--temperature", type=float, default=1.0,
                    help="sampling temperature of the policy (trained at it); e.g. 0.7 for a small chat model judge")
     p.add_argument("--judge-model", default="scripted",
@@ -253,7 +262,11 @@ def main(argv=None) -> dict:
         p.error("--train judge needs a model whose context holds the judge's prompt (~2,000-2,400 tokens; the tiny "
                 "model has 2,048 positions): e.g. --model smollm2-135m --lora 16")
 
-    trainer = MixedAlgorithmTrainer(experiment(args))
+    evaluation = JudgeEvaluation(args.eval_every, args.warmup_steps, args.judge_tokens) \
+        if args.train == "judge" else None
+    trainer = MixedAlgorithmTrainer(experiment(args), callbacks=[evaluation] if evaluation else None)
+    if evaluation:
+        evaluation.trainer = trainer
     interrupted = train(trainer)
     rows = curves(trainer.state.log_history, args.train)
     summary = {
@@ -262,6 +275,9 @@ def main(argv=None) -> dict:
         "steps": trainer.state.global_step, "interrupted": interrupted is not None,
         **summarize(rows, args.start_logs, METRICS[:4] if args.train == "solver" else JUDGE_METRICS), "curves": rows,
     }
+    if evaluation:
+        summary.update(held_out_before=evaluation.points[0], held_out_after=evaluation.points[-1],
+                       held_out=evaluation.points)
     if args.solver == "hostile":
         summary.update(attack_report(args.output_dir))
     title = (f"solver rewarded by the {args.reward}" if args.train == "solver" else "judge rewarded by agreement")

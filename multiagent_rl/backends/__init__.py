@@ -77,7 +77,8 @@ def build_policy_backend(model_config: Any, live_model: Any, tokenizer: Any, *, 
     next sample (``vllm.weight_handoff``: how a server gets them). A server is asked at once whether it is up and
     serves the model (``EndpointBackend.check_server``); its context length is the one it reports."""
     if model_config.backend == "transformers":
-        return TransformersBackend(live_model, tokenizer, model_id=POLICY, max_batch_size=max_batch_size)
+        return TransformersBackend(live_model, tokenizer, model_id=POLICY, max_batch_size=max_batch_size,
+                                   prefix_cache_mb=model_config.prefix_cache_mb)
     from ..models import resolve_model
 
     options = model_config.vllm

@@ -176,14 +176,18 @@ class TickBatcher:
             self._worker = asyncio.ensure_future(self._serve())
         return await future
 
+    async def _gather(self) -> None:
+        """Let every episode that is about to ask for tokens reach its ``generate()`` call first: return once the
+        pending requests stayed the same for ``gather_ticks`` event-loop ticks."""
+        stable, seen = 0, -1
+        while stable < self.gather_ticks:
+            await asyncio.sleep(0)
+            stable = stable + 1 if len(self._pending) == seen else 0
+            seen = len(self._pending)
+
     async def _serve(self) -> None:
         while self._pending:
-            # Let every episode that is about to ask for tokens reach its generate() call first.
-            stable, seen = 0, -1
-            while stable < self.gather_ticks:
-                await asyncio.sleep(0)
-                stable = stable + 1 if len(self._pending) == seen else 0
-                seen = len(self._pending)
+            await self._gather()
             batch, self._pending = self._pending, []
             groups: dict[SamplingParams, list[_Request]] = defaultdict(list)
             for req in batch:

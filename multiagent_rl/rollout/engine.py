@@ -27,6 +27,7 @@ from typing import Any
 from ..agents.agent import Agent, AgentConfig, Seat, make_agent
 from ..algorithms import Algorithm, AlgorithmContext, build_algorithm
 from ..backends import GenerationBackend, SamplingParams, TransformersBackend, build_backend
+from ..backends.prefix_cache import clear_prefix_caches
 from ..config import POOL_PREFIX, ExperimentConfig, PoolSamplingConfig, env_labels, is_pool_reference
 from ..data.sinks import EpisodeSink
 from ..envs.base import DEFAULT_EPISODE_TIMEOUT, Env, play_episodes, run_sync
@@ -206,6 +207,7 @@ class Orchestrator:
     async def aplay(self, step: int) -> list[Episode]:
         """[`play`][multiagent_rl.rollout.engine.Orchestrator.play] from async code."""
         self.take_snapshots(step)
+        self._forget_earlier_conversations()
         specs = self.experiment.env
         active = [i for i, s in enumerate(specs) if s.active(step)]
         if not active:
@@ -223,6 +225,12 @@ class Orchestrator:
         await asyncio.gather(*(self.algorithms[key].score_episode(ep, roles)
                                for ep in episodes for key, roles in self.slot_of[ep.env].assignment.items()))
         return episodes
+
+    def _forget_earlier_conversations(self) -> None:
+        """Empty every backend's prefix cache: no episode spans two steps, and a resumed run starts without them, so
+        keys and values kept across steps would only make it compute in another order than the uninterrupted run."""
+        clear_prefix_caches([*self.policies.values(), *(a.backend for s in self.slots for a in s.agents.values()),
+                             *(snap.backend for pool in self.pools.values() for snap in pool.snapshots)])
 
     async def _play_group(self, index: int, task, group: str) -> list[Episode]:
         spec, slot = self.experiment.env[index], self.slots[index]

@@ -77,7 +77,9 @@ class PoliciesMixin:
         names, args = self.policy_names, self.args
         if self.experiment.uses_adapters:
             return {name: TransformersBackend(policy, tokenizer, model_id="policy", adapter=name, policy_name=name,
-                                              max_batch_size=args.max_concurrency) for name in names}
+                                              max_batch_size=args.max_concurrency,
+                                              prefix_cache_mb=self.experiment.model.prefix_cache_mb)
+                    for name in names}
         backend = build_policy_backend(self.experiment.model, policy, tokenizer, seed=args.seed,
                                        max_batch_size=args.max_concurrency, endpoints=self.experiment.endpoints)
         backend.policy_name = names[0]

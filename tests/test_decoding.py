@@ -1,0 +1,167 @@
+"""The transformers backend's decoding: a conversation's earlier turns are not encoded again (prefix_cache.py), and
+requests join a running decode (decoding.py); nothing sampled changes.
+
+Oracles: the same backend with the cache off (token for token, logprobs to 1e-6), each request decoded alone, and the
+model's own full forward pass over the whole conversation (``token_logprobs``), which never saw a cache.
+"""
+
+import asyncio
+
+import pytest
+import torch
+
+from multiagent_rl.backends import SamplingParams, TransformersBackend
+from multiagent_rl.backends.prefix_cache import PrefixCache
+from multiagent_rl.backends.scoring import token_logprobs
+from multiagent_rl.models import build_tiny_model, load_model_and_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_model_and_tokenizer("tiny")
+
+
+def _conversations(backend, prompts, params, turns, observation):
+    """Each prompt grows turn by turn: prompt, reply, observation, reply, ... (the way traces extend)."""
+    seqs, gens_per_turn = [list(p) for p in prompts], []
+    for _ in range(turns):
+        gens = backend.generate_batch(seqs, params)
+        gens_per_turn.append(gens)
+        seqs = [s + g.token_ids + observation for s, g in zip(seqs, gens)]
+    return gens_per_turn, seqs
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(max_new_tokens=10, seed=5),
+    SamplingParams(max_new_tokens=10, seed=6, temperature=0.7, top_p=0.9, stop=("e",)),
+    SamplingParams(max_new_tokens=1, seed=7),
+    SamplingParams(max_new_tokens=6, temperature=0),
+])
+def test_later_turns_read_earlier_ones_from_the_cache_and_sample_exactly_the_same(tiny, params):
+    model, tok = tiny
+    prompts = [tok.encode(f"Hello {i}, how are you? " * (1 + i % 3)) for i in range(5)]
+    observation = tok.encode(" And then?")
+    cached = TransformersBackend(model, tok, prefix_cache_mb=64)
+    plain = TransformersBackend(model, tok, prefix_cache_mb=0)
+    with_cache, seqs = _conversations(cached, prompts, params, 4, observation)
+    without, _ = _conversations(plain, prompts, params, 4, observation)
+    for turn_a, turn_b in zip(with_cache, without):
+        for a, b in zip(turn_a, turn_b):
+            assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
+            torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-6, rtol=0)
+    stats = cached.prefix_cache
+    assert stats.reused_tokens > stats.encoded_tokens  # turns 2-4 read most of their prompt from the cache
+    assert len(stats) == len(prompts)  # one entry per conversation: each turn's entry replaces the last
+    # The full forward pass over each whole conversation gives the logprobs the sampler recorded.
+    if params.temperature == 1.0:
+        scored = token_logprobs(model, seqs)
+        for i, seq in enumerate(seqs):
+            start = len(prompts[i])
+            for turn in with_cache:
+                reply = turn[i].token_ids
+                torch.testing.assert_close(torch.tensor(scored[i][start:start + len(reply)]),
+                                           torch.tensor(turn[i].logprobs), atol=1e-5, rtol=0)
+                start += len(reply) + len(observation)
+
+
+def test_the_cache_empties_when_the_weights_change(tiny):
+    _, tok = tiny
+    model = build_tiny_model(len(tok), seed=3)  # its own copy: the test writes to its weights
+    backend = TransformersBackend(model, tok, prefix_cache_mb=64)
+    params = SamplingParams(max_new_tokens=4, seed=1)
+    prompt = tok.encode("Tell me a story.")
+    gen = backend.generate_batch([prompt], params)[0]
+    follow = prompt + gen.token_ids + tok.encode(" More.")
+    with torch.no_grad():  # what an optimizer step does: an in-place write
+        model.model.norm.weight.mul_(2.0)
+    reused = backend.prefix_cache.reused_tokens
+    again = backend.generate_batch([follow], params)[0]
+    assert backend.prefix_cache.reused_tokens == reused  # nothing read from before the write
+    fresh = TransformersBackend(model, tok, prefix_cache_mb=0).generate_batch([follow], params)[0]
+    assert again.token_ids == fresh.token_ids and again.logprobs == pytest.approx(fresh.logprobs, abs=1e-6)
+
+
+def test_the_budget_evicts_the_least_recently_used_conversation():
+    entry = [(torch.zeros(1, 4, 2), torch.zeros(1, 4, 2))]  # 64 bytes
+    cache = PrefixCache(budget_bytes=130)
+    cache.store((1, 2, 3, 4), entry)
+    cache.store((5, 6, 7, 8), entry)
+    assert cache.lookup([1, 2, 3, 4, 0])[0] == 4  # touches the first: the second is now the oldest
+    cache.store((9, 9, 9, 9), entry)
+    assert cache.lookup([5, 6, 7, 8, 0]) == (0, None) and cache.lookup([1, 2, 3, 4, 0])[0] == 4
+    assert cache.bytes == 128
+    cache.store((1, 2, 3, 4, 0, 1), [(torch.zeros(1, 6, 2), torch.zeros(1, 6, 2))], replaces=(1, 2, 3, 4))
+    assert cache.lookup([1, 2, 3, 4, 0]) == (0, None) and cache.lookup([1, 2, 3, 4, 0, 1, 2])[0] == 6
+    cache.store((7,) * 100, [(torch.zeros(1, 100, 2), torch.zeros(1, 100, 2))])  # larger than the budget: not kept
+    assert cache.lookup([7] * 101) == (0, None)
+
+
+def test_a_sliding_window_model_encodes_every_prompt_whole(tiny):
+    model, tok = tiny
+    model.config.use_sliding_window = True
+    try:
+        assert TransformersBackend(model, tok).prefix_cache is None
+    finally:
+        model.config.use_sliding_window = False
+
+
+def test_requests_that_arrive_during_a_decode_join_it_and_get_what_they_would_alone(tiny):
+    model, tok = tiny
+    backend = TransformersBackend(model, tok, prefix_cache_mb=0)
+    # every reply runs its 12 tokens (no end-of-sequence among the allowed ones), so the decode outlasts the arrivals
+    params = SamplingParams(max_new_tokens=12, temperature=0, allowed_token_ids=tuple(range(100, 140)))
+    prompts = [tok.encode(f"Question {i}: what comes next?") for i in range(6)]
+
+    async def late(prompt, ticks):
+        for _ in range(ticks):  # arrives a few tokens into the running decode
+            await asyncio.sleep(0)
+        return await backend.generate(prompt, params)
+
+    async def main():
+        return await asyncio.gather(*(late(p, 2 * i) for i, p in enumerate(prompts)))
+
+    replies = asyncio.run(main())
+    assert backend.num_generate_calls == 1  # one decode served all six
+    alone = [TransformersBackend(model, tok, prefix_cache_mb=0).generate_batch([p], params)[0] for p in prompts]
+    for got, want in zip(replies, alone):
+        assert got.token_ids == want.token_ids
+        assert got.logprobs == pytest.approx(want.logprobs, abs=1e-6)
+
+
+def test_a_failing_forward_fails_its_requests_and_the_backend_serves_on(tiny):
+    model, tok = tiny
+    backend = TransformersBackend(model, tok)
+    params = SamplingParams(max_new_tokens=4, temperature=0)
+    prompt = tok.encode("Hello")
+    real_forward = model.forward
+    model.forward = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("out of memory"))
+    try:
+        async def both():
+            return await asyncio.gather(backend.generate(prompt, params), backend.generate(prompt, params),
+                                        return_exceptions=True)
+        results = asyncio.run(both())
+    finally:
+        del model.forward
+    assert model.forward == real_forward
+    assert all(isinstance(r, RuntimeError) and "out of memory" in str(r) for r in results)
+    assert asyncio.run(backend.generate(prompt, params)).token_ids  # served again
+
+
+def test_a_cancelled_request_leaves_the_decode(tiny):
+    model, tok = tiny
+    backend = TransformersBackend(model, tok)
+    params = SamplingParams(max_new_tokens=200, temperature=1.0, seed=0)
+    prompt = tok.encode("Tell me everything.")
+
+    async def main():
+        impatient = asyncio.ensure_future(backend.generate(prompt, params))
+        patient = asyncio.ensure_future(backend.generate(prompt, params.with_overrides(max_new_tokens=30)))
+        for _ in range(10):
+            await asyncio.sleep(0)
+        impatient.cancel()
+        return await patient
+
+    reply = asyncio.run(main())
+    assert reply.token_ids
+    # the cancelled one's decode stopped within a few tokens of the cancel (not at its 200), then the other ran 30
+    assert backend.num_forward_passes <= 50
