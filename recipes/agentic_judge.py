@@ -50,8 +50,8 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 from multiagent_rl.config import ExperimentConfig  # noqa: E402
 from multiagent_rl.envs.agentic_judge.evaluation import JudgeEvaluation, training_tasks  # noqa: E402
 from multiagent_rl.training.phases import warmup_then_rl  # noqa: E402
-from multiagent_rl.training.run import (HelpFormatter, add_hub_flags, add_lora_flag, finish,  # noqa: E402
-                                        lora_config, train)
+from multiagent_rl.training.run import (HelpFormatter, add_hub_flags, add_lora_flag,  # noqa: E402
+                                        add_micro_batches_flag, finish, lora_config, train)
 from multiagent_rl.training.trainer import MixedAlgorithmTrainer  # noqa: E402
 
 METRICS = ("judged_pass", "correct", "fooled_tests", "tests_pass", "judge_score", "tests")
@@ -77,6 +77,7 @@ def experiment(args) -> ExperimentConfig:
                  "roles": {"judge": {**judge, "trainable": False}}}],
         "trainer": {
             "output_dir": args.output_dir, "max_steps": args.steps, "learning_rate": args.lr,
+            "gradient_accumulation_steps": args.micro_batches,
             "lr_scheduler_type": "constant", "groups_per_step": args.groups_per_step, "seed": args.seed,
             "report_to": args.report_to, "logging_steps": args.log_every, "disable_tqdm": False,
             "max_completion_length": 4, "save_strategy": "no",
@@ -106,6 +107,7 @@ def judge_experiment(args) -> ExperimentConfig:
         "phase": warmup_then_rl(warmup, ["agentic_judge_warmup"], ["agentic_judge"], fresh_optimizer=True),
         "trainer": {
             "output_dir": args.output_dir, "max_steps": args.steps, "learning_rate": args.lr,
+            "gradient_accumulation_steps": args.micro_batches,
             "lr_scheduler_type": "constant", "groups_per_step": args.groups_per_step, "seed": args.seed,
             "report_to": args.report_to, "logging_steps": args.log_every, "disable_tqdm": False,
             "max_completion_length": args.judge_tokens, "save_strategy": "no", "temperature": args.temperature,
@@ -129,6 +131,7 @@ def hostile_experiment(args, weights: dict) -> ExperimentConfig:
                                      "trainable": False}}}],
         "trainer": {
             "output_dir": args.output_dir, "max_steps": args.steps, "learning_rate": args.lr,
+            "gradient_accumulation_steps": args.micro_batches,
             "lr_scheduler_type": "constant", "groups_per_step": args.groups_per_step, "seed": args.seed,
             "report_to": args.report_to, "logging_steps": args.log_every, "disable_tqdm": False,
             "max_completion_length": 4, "save_strategy": "no",
@@ -252,6 +255,7 @@ def main(argv=None) -> dict:
     p.add_argument("--report-to", nargs="*", default=[], help="trackers, e.g. wandb or trackio")
     add_hub_flags(p)
     add_lora_flag(p)
+    add_micro_batches_flag(p)
     args = p.parse_args(argv)
     if args.train == "judge" and args.solver == "hostile":
         p.error("--train judge with --solver hostile: the hostile run trains nothing; drop one of them")

@@ -50,8 +50,8 @@ from multiagent_rl.games.evaluation import AverageOpponent  # noqa: E402
 from multiagent_rl.envs.kuhn_poker import random_mixed_table, table_policy  # noqa: E402
 from multiagent_rl.envs.kuhn_poker.evaluation import (KuhnEvaluation, WarmupCheck, plot_exploitability,  # noqa: E402
                                                         read_policy)
-from multiagent_rl.training.run import (add_hub_flags, add_lora_flag, close_episode_log, lora_config,  # noqa: E402
-                                        publish, results_table)
+from multiagent_rl.training.run import (add_hub_flags, add_lora_flag, add_micro_batches_flag,  # noqa: E402
+                                        close_episode_log, lora_config, publish, results_table)
 from multiagent_rl.training.trainer import MixedAlgorithmTrainer, TrainingInterrupted  # noqa: E402
 
 WARMUP_POLICY = "multiagent_rl.envs.kuhn_poker:random_mixed_policy"
@@ -129,7 +129,7 @@ def experiment(args) -> ExperimentConfig:
         "regulariser": regularisers,
         "trainer": {
             "output_dir": args.output_dir,
-            "max_steps": args.steps,
+            "max_steps": args.steps, "gradient_accumulation_steps": args.micro_batches,
             "learning_rate": args.lr,
             # transformers' polynomial schedule with power 1 is a linear decay to lr_end at the last step
             **({"lr_scheduler_type": "polynomial",
@@ -239,6 +239,7 @@ def parse(argv=None) -> tuple[argparse.Namespace, set[str]]:
     p.add_argument("--report-to", nargs="*", help="trackers, e.g. wandb (WANDB_MODE=offline) or trackio")
     add_hub_flags(p)
     add_lora_flag(p)
+    add_micro_batches_flag(p)
     args = p.parse_args(argv)
     given = {k for k, v in vars(args).items() if v is not None and k in DEFAULTS or (k == "free_text" and v)}
     for key, value in DEFAULTS.items():

@@ -25,8 +25,8 @@ from multiagent_rl.envs.leduc_poker.evaluation import uniform_table  # noqa: E40
 from multiagent_rl.games.evaluation import AverageOpponent  # noqa: E402
 from multiagent_rl.training.phases import warmup_then_rl  # noqa: E402
 from multiagent_rl.envs.leduc_poker.evaluation import LeducEvaluation  # noqa: E402
-from multiagent_rl.training.run import (HelpFormatter, add_hub_flags, add_lora_flag, finish,  # noqa: E402
-                                        lora_config, train)
+from multiagent_rl.training.run import (HelpFormatter, add_hub_flags, add_lora_flag,  # noqa: E402
+                                        add_micro_batches_flag, finish, lora_config, train)
 from multiagent_rl.training.trainer import MixedAlgorithmTrainer  # noqa: E402
 
 ENV = "multiagent_rl.envs.leduc_poker"
@@ -55,7 +55,7 @@ def experiment(args) -> dict:
         envs.insert(0, {"id": "leduc_poker", "name": "leduc_poker_warmup", "group_size": args.group_size,
                         "roles": {"player_0": warmup_seat, "player_1": warmup_seat}})
     trainer = {"output_dir": args.output_dir, "max_steps": args.steps, "learning_rate": args.lr,
-               "lr_scheduler_type": "constant",
+               "gradient_accumulation_steps": args.micro_batches, "lr_scheduler_type": "constant",
                "groups_per_step": args.groups_per_step, "seed": args.seed, "report_to": args.report_to,
                "logging_steps": args.eval_every, "disable_tqdm": False, "max_completion_length": 4,
                "save_strategy": "no"}
@@ -127,6 +127,7 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--report-to", nargs="*", default=[], help="trackers, e.g. wandb or trackio")
     add_hub_flags(p)
     add_lora_flag(p)
+    add_micro_batches_flag(p)
     return p.parse_args(argv)
 
 

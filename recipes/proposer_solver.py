@@ -33,8 +33,8 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 from multiagent_rl.config import ExperimentConfig  # noqa: E402
 from multiagent_rl.training.phases import warmup_then_rl  # noqa: E402
 from multiagent_rl.envs.proposer_solver.evaluation import SolverEvaluation, curves, plot_curriculum  # noqa: E402
-from multiagent_rl.training.run import (HelpFormatter, add_hub_flags, add_lora_flag, finish,  # noqa: E402
-                                        lora_config, train)
+from multiagent_rl.training.run import (HelpFormatter, add_hub_flags, add_lora_flag,  # noqa: E402
+                                        add_micro_batches_flag, finish, lora_config, train)
 from multiagent_rl.training.trainer import MixedAlgorithmTrainer  # noqa: E402
 
 ENV = "multiagent_rl.envs.proposer_solver"
@@ -78,6 +78,7 @@ def experiment(args) -> ExperimentConfig:
         "regulariser": [{"type": "entropy", "coef": args.entropy_coef}] if args.entropy_coef else [],
         "trainer": {
             "output_dir": args.output_dir, "max_steps": args.steps, "learning_rate": args.lr,
+            "gradient_accumulation_steps": args.micro_batches,
             "lr_scheduler_type": "constant", "groups_per_step": args.groups_per_step, "seed": args.seed,
             "report_to": args.report_to, "logging_steps": args.log_every, "disable_tqdm": False,
             "max_completion_length": 40, "temperature": args.temperature,
@@ -178,6 +179,7 @@ def main(argv=None) -> dict:
     p.add_argument("--report-to", nargs="*", default=[], help="trackers, e.g. wandb or trackio")
     add_hub_flags(p)
     add_lora_flag(p)
+    add_micro_batches_flag(p)
     args = p.parse_args(argv)
     if args.warmup_steps is None:
         args.warmup_steps = 0 if args.free_text else 300

@@ -29,8 +29,8 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 from multiagent_rl.config import ExperimentConfig  # noqa: E402
 from multiagent_rl.training.phases import warmup_then_rl  # noqa: E402
 from multiagent_rl.envs.user_sim.evaluation import UserSimEvaluation, plot_user_sim  # noqa: E402
-from multiagent_rl.training.run import (HelpFormatter, add_hub_flags, add_lora_flag, finish,  # noqa: E402
-                                        lora_config, train)
+from multiagent_rl.training.run import (HelpFormatter, add_hub_flags, add_lora_flag,  # noqa: E402
+                                        add_micro_batches_flag, finish, lora_config, train)
 from multiagent_rl.training.trainer import MixedAlgorithmTrainer  # noqa: E402
 
 ENV = "multiagent_rl.envs.user_sim"
@@ -55,6 +55,7 @@ def experiment(args) -> ExperimentConfig:
         "phase": warmup_then_rl(args.warmup_steps, ["user_sim_warmup"], ["user_sim"], args.warmup_lr),
         "trainer": {
             "output_dir": args.output_dir, "max_steps": args.steps, "learning_rate": args.lr,
+            "gradient_accumulation_steps": args.micro_batches,
             "lr_scheduler_type": "constant", "groups_per_step": args.groups_per_step, "seed": args.seed,
             "report_to": args.report_to, "logging_steps": args.log_every, "disable_tqdm": False,
             "max_completion_length": args.reply_tokens, "save_strategy": "no", "temperature": args.temperature,
@@ -102,6 +103,7 @@ def main(argv=None) -> dict:
     p.add_argument("--report-to", nargs="*", default=[], help="trackers, e.g. wandb or trackio")
     add_hub_flags(p)
     add_lora_flag(p)
+    add_micro_batches_flag(p)
     args = p.parse_args(argv)
     if args.temperature is None:
         args.temperature = 0.7 if args.free_text else 1.0

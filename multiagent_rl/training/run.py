@@ -40,6 +40,14 @@ def add_lora_flag(parser: argparse.ArgumentParser) -> None:
                              "model, e.g. 16 for --model smollm2-135m")
 
 
+def add_micro_batches_flag(parser: argparse.ArgumentParser) -> None:
+    """``--micro-batches N``: the trainer's ``gradient_accumulation_steps``."""
+    parser.add_argument("--micro-batches", type=int, default=1, metavar="N",
+                        help="split each step's batch into N micro-batches, each its own forward and backward pass "
+                             "(gradient accumulation: the same update with 1/N of the activation memory), e.g. 4 for "
+                             "a real model's long multi-turn traces")
+
+
 def lora_config(rank: int | None) -> dict[str, Any] | None:
     """The ``[model] lora`` of ``--lora R`` (PEFT ``LoraConfig`` arguments), or None without it."""
     if rank is None:
