@@ -227,8 +227,8 @@ class Orchestrator:
         return episodes
 
     def _forget_earlier_conversations(self) -> None:
-        """Empty every backend's prefix cache: no episode spans two steps, and a resumed run starts without them, so
-        keys and values kept across steps would only make it compute in another order than the uninterrupted run."""
+        """Empty every backend's prefix cache: no episode spans two steps, and a resumed run starts without one (so
+        it computes in the same order as the uninterrupted run)."""
         clear_prefix_caches([*self.policies.values(), *(a.backend for s in self.slots for a in s.agents.values()),
                              *(snap.backend for pool in self.pools.values() for snap in pool.snapshots)])
 
@@ -282,9 +282,9 @@ class Orchestrator:
             episode.ok = False
             episode.errors.append(f"env {episode.env!r}: " + "; ".join(problems))
 
-    def step(self, step: int, gather: Gather | None = None) -> RolloutStep:
-        """Play this process's share of step ``step`` and score it with every process's episodes (``gather``)."""
-        local = self.play(step)
+    def step(self, step: int, gather: Gather | None = None, played: list[Episode] | None = None) -> RolloutStep:
+        """Play this process's share of step ``step`` (or take it ``played``), score it with everyone's (``gather``)."""
+        local = self.play(step) if played is None else played
         everyone = self.score(local, step, gather=gather)
         tags = sorted({t.streams.algorithm for ep in everyone if ep.ok for t in ep.traces
                        if t.trainable and t.streams is not None})

@@ -41,6 +41,13 @@ class MixedAlgorithmConfig(GRPOConfig):
     max_steps: int = field(default=-1, metadata={"help": "Training steps (required: the dataset is a placeholder)."})
     groups_per_step: int = field(default=4, metadata={"help": "Task groups each process plays per generation round."})
     max_concurrency: int = field(default=256, metadata={"help": "Most episodes in flight at once per process."})
+    async_rollouts: int = field(
+        default=0,
+        metadata={"help": "Play up to this many steps ahead of training, in a background thread, so that step k + 1's "
+                          "episodes are sampled while step k trains: each batch is at most this many optimizer steps "
+                          "off-policy, corrected by truncated importance sampling (vllm_importance_sampling_*). "
+                          "0: on-policy (multiagent_rl.training.rollouts_ahead)."},
+    )
     save_episodes: bool = field(
         default=True, metadata={"help": "Keep every played episode (see episode_format) under output_dir."}
     )
@@ -98,7 +105,13 @@ class MixedAlgorithmConfig(GRPOConfig):
                 "dataset is a placeholder, so without it a run would silently take 3 epochs of 1,024 rows"
             )
         check_trained_temperature(self.temperature, "temperature")
+        if self.async_rollouts < 0:
+            raise ValueError(f"async_rollouts={self.async_rollouts}: the most steps rollouts may run ahead, >= 0")
         super().__post_init__()
+        one_rollout_per_step = self.num_iterations == 1 and self.steps_per_generation == self.gradient_accumulation_steps
+        if self.async_rollouts and not one_rollout_per_step:
+            raise ValueError(f"async_rollouts={self.async_rollouts} plays one rollout per optimizer step: leave "
+                             "num_iterations at 1 and steps_per_generation at gradient_accumulation_steps")
         if self.beta != 0.0:
             raise ValueError(
                 "MixedAlgorithmConfig.beta must be 0: for a KL anchor to a reference model use the `opd` algorithm "

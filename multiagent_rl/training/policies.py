@@ -13,6 +13,7 @@ all of them.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -84,6 +85,21 @@ class PoliciesMixin:
                                        max_batch_size=args.max_concurrency, endpoints=self.experiment.endpoints)
         backend.policy_name = names[0]
         return {names[0]: backend}
+
+    @functools.cached_property
+    def live_policies(self) -> dict:
+        """Per policy, a backend on the live weights for evaluations between steps: the rollout's own, or with
+        ``async_rollouts`` (whose backends sample a copy, in another thread) a transformers backend of its own."""
+        if self.ahead is None:
+            return self.rollout.policies
+        live = self.accelerator.unwrap_model(self.model)
+        return {name: TransformersBackend(live, self.tokenizer, model_id="policy", policy_name=name,
+                                          adapter=name if self.experiment.uses_adapters else None)
+                for name in self.rollout.policies}
+
+    def live_policy(self, name: str | None = None):
+        """The backend on the live weights of policy ``name`` (default: the first), for evaluations between steps."""
+        return self.live_policies[name or self.policy_names[0]]
 
     def check_policies_supported(self) -> None:
         """Refuse, naming the way out, what several policies cannot do here yet."""

@@ -37,6 +37,7 @@ from .logits import PolicyScorer
 from .policies import PoliciesMixin
 from .publishing import PublishingMixin
 from .regularisers import build_regulariser
+from .rollouts_ahead import RolloutsAhead, play_and_score
 
 
 class TrainingInterrupted(KeyboardInterrupt):
@@ -99,6 +100,7 @@ class MixedAlgorithmTrainer(PoliciesMixin, PublishingMixin, GRPOTrainer):
             health=RunHealth(args.max_failed_steps, args.max_skipped_steps),
         )
         self.health = self.rollout.health
+        self.ahead = RolloutsAhead.for_run(self.rollout, policy, args)
         self.rollout_step: RolloutStep | None = None
         self.nonfinite_loss: set[str] = set()
         self.interrupt = Interrupt(announce=self.accelerator.is_main_process)
@@ -131,10 +133,7 @@ class MixedAlgorithmTrainer(PoliciesMixin, PublishingMixin, GRPOTrainer):
         policy = self.accelerator.unwrap_model(self.model)
         for regulariser in self.regularisers:
             regulariser.before_step(step, policy)
-        if self._synced_step != step:  # the sampler gets the weights once per optimizer step, before it samples
-            self.rollout.policy.sync_weights(policy)
-            self._synced_step = step
-        self.rollout_step = self.rollout.step(step, gather=self._gather)
+        self.rollout_step, lag = play_and_score(self, step, policy)
         for name, value in self.rollout_step.metrics().items():
             self._metrics["train"][name].append(value)
         args = self.args
@@ -143,7 +142,7 @@ class MixedAlgorithmTrainer(PoliciesMixin, PublishingMixin, GRPOTrainer):
                         temperature=self.temperature, skip_zero_advantage=args.skip_zero_advantage)
         batch = {k: v.to(self.accelerator.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
         self.count_tokens(batch, lambda t: self.accelerator.reduce(t, reduction="sum"))
-        correct = args.vllm_importance_sampling_correction and not self.rollout.policy.exact_logprobs
+        correct = args.vllm_importance_sampling_correction and (lag > 0 or not self.rollout.policy.exact_logprobs)
         if correct or args.steps_per_generation > args.gradient_accumulation_steps or self.num_iterations > 1:
             # Several optimizer steps reuse this batch, or another engine sampled it: freeze the trainer's logprobs
             # of the policy that sampled it.
@@ -237,6 +236,9 @@ class MixedAlgorithmTrainer(PoliciesMixin, PublishingMixin, GRPOTrainer):
                 if not os.path.isdir(folder):
                     self._save_checkpoint(self.model_wrapped, trial=None)
                 raise RunStopped(f"{exc}\nThe weights after step {self.state.global_step} are saved in {folder}.") from None
+            finally:
+                if self.ahead is not None:
+                    self.ahead.close()
         if self.interrupt.requested:
             folder = os.path.join(self.args.output_dir, f"checkpoint-{self.state.global_step}")
             raise TrainingInterrupted(f"interrupted at step {self.state.global_step}: checkpoint saved in {folder}; "

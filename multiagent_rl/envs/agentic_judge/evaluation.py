@@ -111,7 +111,7 @@ class JudgeEvaluation(TrainerCallback):
             self._evaluate(step)
 
     def _evaluate(self, step: int) -> None:
-        report = judge_report(greedy_judge(self.trainer.rollout.policy, self.judge_tokens),
+        report = judge_report(greedy_judge(self.trainer.live_policy(), self.judge_tokens),
                               judge_tokens=self.judge_tokens)
         self.points.append({"step": step, **report})
         for key, value in report.items():

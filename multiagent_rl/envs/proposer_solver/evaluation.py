@@ -79,8 +79,8 @@ class SolverEvaluation(TrainerCallback):
 
     def _backend(self, role: str):
         """The backend that plays ``role`` (its own policy's adapter when proposer and solver are separate learners)."""
-        rollout = self.trainer.rollout
-        return rollout.policies.get(role, rollout.policy)
+        trainer = self.trainer
+        return trainer.live_policies.get(role, trainer.live_policy())
 
     def validity(self) -> float:
         return free_text_validity(self._backend("proposer"), self.topic, max_new_tokens=self.proposal_tokens,

@@ -67,7 +67,7 @@ class UserSimEvaluation(TrainerCallback):
     def _evaluate(self, step: int) -> None:
         trainer = self.trainer
         greedy = Agent(AgentConfig(model="policy", sampling={"temperature": 0.0, "max_new_tokens": self.reply_tokens}),
-                       trainer.rollout.policy)
+                       trainer.live_policy())
         success = success_by_persona(greedy, self.env, self.tasks)
         self.points.append({"step": step, **success})
         for persona, value in success.items():
