@@ -15,7 +15,8 @@ of the warm-up and every ``--eval-every`` steps. Outputs in ``--output-dir``: ``
 
 With ``--free-text`` the assistant writes its replies (its last ``BOOK`` line is the booking); with ``--user model``
 the user is the base model itself, frozen, playing the persona and hidden goal from its system prompt, and
-``summary.json`` reports how it kept to its part (``user_conduct``: ``leaked_goal``, ``broke_character``).
+``summary.json`` reports how it kept to its part (``user_conduct``: ``leaked_goal``, ``broke_character``). The warm-up
+always talks to the scripted user: imitating the teacher's format needs no model-played partner.
 """
 
 from __future__ import annotations
@@ -46,8 +47,9 @@ def experiment(args) -> ExperimentConfig:
     if args.warmup_steps:
         teacher = {"model": "scripted", "policy": f"{ENV}:hasty_assistant", "policy_args": {"patience": args.patience},
                    "algo": {"type": "sft"}}
+        # the scripted user: imitating the teacher's format needs no model-played partner (and costs no sampling)
         envs.insert(0, {"id": "user_sim", "name": "user_sim_warmup", "args": game, "group_size": args.group_size,
-                        "roles": {"assistant": teacher, **user}})
+                        "roles": {"assistant": teacher}})
     return ExperimentConfig.model_validate({
         "model": {"name": args.model, "lora": lora_config(args.lora)},
         "algo": {"type": "grpo"},

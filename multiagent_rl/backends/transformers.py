@@ -38,6 +38,9 @@ class TransformersBackend(TickBatcher):
     supports_choices = True
     exact_logprobs = True
     """Its logprobs come from the trainer's own forward passes: no sampler/trainer mismatch to correct."""
+    continuous_batching = True
+    """Requests join a running decode between two tokens; False: the requests of one tick are decoded to the end
+    together while later ones wait (for comparisons: ``bench/decoding.py``)."""
 
     def __init__(self, model, tokenizer, model_id: str = "policy", max_batch_size: int = 256, gather_ticks: int = 3,
                  adapter: str | None = None, policy_name: str | None = None, prefix_cache_mb: int = 1024):
@@ -93,6 +96,8 @@ class TransformersBackend(TickBatcher):
         """Continuous batching: requests with the running decode's sampling setting join it between two tokens, and
         every finished reply is delivered at once, so an episode's next request can join the same decode. Other
         settings wait until it empties; none joins while they wait."""
+        if not self.continuous_batching:
+            return await super()._serve()
         while self._pending:
             await self._gather()
             params = self._pending[0].params
