@@ -69,7 +69,7 @@ def test_env_labels_are_the_env_id_and_its_warmup():
     assert labels(user_sim.experiment(users)) == ["user_sim_warmup", "user_sim"]
     users.user = "model"  # a model-played user in RL; the warm-up imitates its teacher against the scripted user
     warm, rl = user_sim.experiment(users).env
-    assert "user" not in warm.roles and rl.roles["user"].model == "tiny" and rl.roles["user"].trainable is False
+    assert warm.roles["user"].model == "scripted" and rl.roles["user"].model == "tiny" and not rl.roles["user"].trainable
     ps = argparse.Namespace(**common, levels=[1, 2], topic="addition", solvers=2, proposer="trained",
                             probe_weight=0.25, warmup_solver_accuracy=0.3, entropy_coef=0.0, log_every=1, save_every=0,
                             free_text=False, temperature=1.0, learners="shared")
