@@ -118,10 +118,10 @@ def check_policies(experiment) -> None:
     if experiment.uses_adapters:
         for name in experiment.policies:
             policy_lora(experiment, name)
-        if experiment.model.backend != "transformers":
-            raise ValueError(f"[policies] with LoRA adapters needs [model] backend = 'transformers' (the vLLM "
-                             f"backends here sync one merged policy; multi-LoRA serving is not wired yet); got "
-                             f"{experiment.model.backend!r}")
+        if experiment.model.backend == "vllm" and experiment.model.vllm.mode != "colocate":
+            raise ValueError("[policies] with LoRA adapters on vLLM needs [model.vllm] mode = 'colocate' (each policy "
+                             "an adapter of the in-process engine); a vLLM server is sent one merged policy here. "
+                             "Use mode = 'colocate', or [model] backend = 'transformers'")
     for env in experiment.env:
         for role, rc in env.roles.items():
             where = f"env {env.name or env.id!r} role {role!r}"

@@ -23,6 +23,7 @@ import multiagent_rl as mrl  # noqa: E402
 from multiagent_rl.backends import EndpointBackend, EndpointConfig, SamplingParams, build_backend  # noqa: E402
 from multiagent_rl.backends.vllm_server import start_vllm_server, stop_vllm_server  # noqa: E402
 from multiagent_rl.config import ExperimentConfig  # noqa: E402
+from multiagent_rl.data.traces import load_traces  # noqa: E402
 from multiagent_rl.envs.base import SingleAgentEnv, play_episodes, run_sync  # noqa: E402
 from multiagent_rl.envs.kuhn_poker import KuhnPokerEnv, random_policy  # noqa: E402
 from multiagent_rl.rollout.health import RunStopped  # noqa: E402
@@ -227,10 +228,50 @@ def test_a_vllm_policy_is_synced_after_every_step(mode, lora, handoff, server, t
         assert abs(h["sampling/importance_sampling_ratio/mean"] - 1) < 1e-3
     trainer.rollout.policy.sync_weights(trainer.accelerator.unwrap_model(trainer.model))  # after the last step
     assert _policy_matches_trainer(trainer, tok) < TOL
+    if mode == "colocate":  # a LoRA policy went over as its adapter (vLLM's LoRA), a full one as weights
+        assert (trainer.rollout.policy.lora_request is not None) == lora
     if mode == "server":  # give the module's server its original weights back
         trainer.rollout.policy.push_weights(model)
         folder = trainer.rollout.policy.handoff_folder()
         assert folder is None or os.listdir(folder) == []  # the handed-over file does not outlive the push
+
+
+def test_several_policies_are_adapters_of_one_colocated_engine(tiny_path, oracle, tmp_path):
+    """Two LoRA policies, one vLLM engine: each samples through its own adapter (pushed as an adapter after every
+    optimizer step, the base never moves), with the trainer's logprobs of that adapter."""
+    from multiagent_rl.models.adapters import use_adapter
+
+    model, tok = oracle
+    lora = {"r": 4, "lora_alpha": 8, "target_modules": "all-linear"}
+    trainer = MixedAlgorithmTrainer(
+        {"algo": {"type": "grpo"}, "policies": {"alice": {"lora": lora}, "bob": {"lora": lora}},
+         "model": {"name": "tiny", "backend": "vllm", "vllm": {"mode": "colocate", "max_model_len": 512}},
+         "env": [{"id": "kuhn_poker", "group_size": 4, "args": {"legal_choices": True},
+                  "roles": {"player_0": {"policy": "alice"}, "player_1": {"policy": "bob"}}}]},
+        args=MixedAlgorithmConfig(output_dir=str(tmp_path), max_steps=3, report_to=[], save_strategy="no",
+                                  groups_per_step=2, learning_rate=5e-2, max_completion_length=2, disable_tqdm=True),
+        model=copy.deepcopy(model), processing_class=tok)
+    alice, bob = trainer.rollout.policies["alice"], trainer.rollout.policies["bob"]
+    assert alice.llm is bob.llm and (alice.adapter, bob.adapter) == ("alice", "bob")
+    trainer.train()
+    assert alice.num_weight_pushes == bob.num_weight_pushes == 3
+    assert {t["policy"] for t in load_traces(tmp_path / "traces")} == {"alice", "bob"}
+    peft_model = trainer.accelerator.unwrap_model(trainer.model)
+    ids = [tok.encode(p, add_special_tokens=False) for p in prompts(tok, 3)]
+    replies = {}
+    for name, backend in (("alice", alice), ("bob", bob)):
+        backend.sync_weights(peft_model)
+        async def sample():
+            return await asyncio.gather(*(backend.generate(p, SamplingParams(max_new_tokens=6, seed=k))
+                                          for k, p in enumerate(ids)))
+
+        gens = run_sync(sample())
+        with use_adapter(peft_model, name):
+            for p, g in zip(ids, gens):
+                (scores,) = token_logprobs(peft_model, [p + g.token_ids])
+                assert max(abs(a - b) for a, b in zip(scores[len(p):], g.logprobs)) < TOL
+        replies[name] = [g.token_ids for g in gens]
+    assert replies["alice"] != replies["bob"]  # two adapters trained apart sample apart
 
 
 @pytest.mark.parametrize("mode", ["colocate", "server"])

@@ -70,12 +70,15 @@ def build_backend(model: str, *, device: Any = None, policy: GenerationBackend |
 
 
 def build_policy_backend(model_config: Any, live_model: Any, tokenizer: Any, *, max_batch_size: int = 256,
-                         seed: int = 0, endpoints: dict[str, EndpointConfig] | None = None) -> GenerationBackend:
+                         seed: int = 0, endpoints: dict[str, EndpointConfig] | None = None,
+                         adapters: list[str] | None = None) -> GenerationBackend:
     """The trained policy's backend from ``[model]`` (a ``ModelConfig``): ``backend = "transformers"`` serves the
     live module itself; ``"vllm"`` an in-process engine (``vllm.mode = "colocate"``) or a server
     (``"server"``, ``vllm.base_url``), both fed the trainer's weights after an optimizer step, right before they
-    next sample (``vllm.weight_handoff``: how a server gets them). A server is asked at once whether it is up and
-    serves the model (``EndpointBackend.check_server``); its context length is the one it reports."""
+    next sample (``vllm.weight_handoff``: how a server gets them). A LoRA policy on the in-process engine is served
+    as its adapter (vLLM's LoRA; ``adapters``: the PEFT adapters of several policies, the backend samples the first
+    and its ``view(NAME)`` the others). A server is asked at once whether it is up and serves the model
+    (``EndpointBackend.check_server``); its context length is the one it reports."""
     if model_config.backend == "transformers":
         return TransformersBackend(live_model, tokenizer, model_id=POLICY, max_batch_size=max_batch_size,
                                    prefix_cache_mb=model_config.prefix_cache_mb)
@@ -86,9 +89,14 @@ def build_policy_backend(model_config: Any, live_model: Any, tokenizer: Any, *, 
     if options.mode == "colocate":
         from .vllm_colocated import VLLMColocatedBackend
 
+        loras = getattr(live_model, "peft_config", None) or {}  # a LoRA policy goes over as its adapter(s)
+        adapters = adapters or ([live_model.active_adapter] if loras else None)
+        rank = max((c.r for c in loras.values()), default=8)
         backend = VLLMColocatedBackend(
             path, tokenizer, max_model_len=options.max_model_len, gpu_memory_utilization=options.gpu_memory_utilization,
-            kv_cache_memory_bytes=options.kv_cache_memory_bytes, seed=seed, max_batch_size=max_batch_size)
+            kv_cache_memory_bytes=options.kv_cache_memory_bytes, seed=seed, max_batch_size=max_batch_size,
+            adapter=adapters[0] if adapters else None, max_loras=len(adapters or ()) or 1,
+            max_lora_rank=max(8, 1 << (rank - 1).bit_length()))
     else:
         served = EndpointConfig(kind="vllm", base_url=options.base_url, model=options.served_model or path,
                                 api_key_env=options.api_key_env, timeout=options.timeout,

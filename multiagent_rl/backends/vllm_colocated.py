@@ -15,8 +15,11 @@ collected, or at exit) then releases the engine without destroying those groups 
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
+import shutil
+import tempfile
 import warnings
 import weakref
 from typing import Any
@@ -83,7 +86,8 @@ class VLLMColocatedBackend(DeferredWeightPush, TickBatcher):
 
     def __init__(self, model_path: str, tokenizer, *, model_id: str = "policy", max_model_len: int = 2048,
                  gpu_memory_utilization: float = 0.3, kv_cache_memory_bytes: int | None = None, dtype: str = "auto",
-                 seed: int = 0, enforce_eager: bool = True, max_batch_size: int = 256):
+                 seed: int = 0, enforce_eager: bool = True, max_batch_size: int = 256, adapter: str | None = None,
+                 max_loras: int = 1, max_lora_rank: int = 16, policy_name: str | None = None):
         super().__init__()
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process: weights by reference
         os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc with our own function
@@ -98,6 +102,8 @@ class VLLMColocatedBackend(DeferredWeightPush, TickBatcher):
                                        dtype=dtype if dtype != "auto" or torch.cuda.is_available() else "float32")
         if torch.cuda.is_available():
             options["gpu_memory_utilization"] = gpu_memory_utilization
+        if adapter is not None:  # the policy is a LoRA adapter: served as one (vLLM's LoRA), the base never moves
+            options.update(enable_lora=True, max_loras=max_loras, max_lora_rank=max_lora_rank)
         options["kv_cache_memory_bytes"] = kv_cache_memory_bytes or (None if torch.cuda.is_available() else 64 << 20)
         _say_versions_once()
         with warnings.catch_warnings():
@@ -109,6 +115,29 @@ class VLLMColocatedBackend(DeferredWeightPush, TickBatcher):
         self.max_context = max_model_len
         self.max_batch_size = max_batch_size
         self.num_generate_calls = 0
+        self.adapter = adapter
+        """The PEFT adapter this backend samples (pushed as an adapter); None: the model's merged weights are pushed."""
+        self.policy_name = policy_name
+        self.lora_request = None
+        """The engine's current version of ``adapter`` (None before the first push: the base model)."""
+        self._adapters_dir = None if adapter is None else tempfile.mkdtemp(
+            prefix="multiagent_rl-adapters-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        """Where pushed adapters are written (memory under /dev/shm where there is one), shared with the views."""
+        if self._adapters_dir is not None:
+            weakref.finalize(self, shutil.rmtree, self._adapters_dir, True)
+        self._owns_engine = True
+
+    def view(self, adapter: str, policy_name: str | None = None) -> VLLMColocatedBackend:
+        """Another adapter of the same PEFT model on this engine (several policies): its own requests, batches and
+        pushes, the engine shared (which ``max_loras`` sized for all of them)."""
+        if self.adapter is None:
+            raise ValueError("a view samples an adapter: build the engine with adapter=... (its LoRA support on)")
+        other = copy.copy(self)
+        TickBatcher.__init__(other)
+        other.adapter, other.policy_name, other.lora_request, other._pending_model = adapter, policy_name, None, None
+        other.num_weight_pushes = other.num_generate_calls = 0
+        other._owns_engine = False  # closing a view leaves the engine and the adapters' folder to the owner
+        return other
 
     def _own_shutdown(self) -> weakref.finalize | None:
         """Put [`shutdown_engine`][multiagent_rl.backends.vllm_colocated.shutdown_engine] in place of the engine
@@ -124,8 +153,12 @@ class VLLMColocatedBackend(DeferredWeightPush, TickBatcher):
 
     def close(self) -> None:
         """Shut the engine down now (idempotent; otherwise it happens when the backend is collected or at exit)."""
+        if not self._owns_engine:
+            return
         if self._shutdown is not None:
             self._shutdown()
+        if self._adapters_dir is not None:
+            shutil.rmtree(self._adapters_dir, ignore_errors=True)
 
     def _params(self, params: SamplingParams, **extra):
         from vllm import SamplingParams as VLLMParams
@@ -142,7 +175,7 @@ class VLLMColocatedBackend(DeferredWeightPush, TickBatcher):
         self.push_pending_weights()
         self.num_generate_calls += 1
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], self._params(params),
-                                    use_tqdm=False)
+                                    use_tqdm=False, lora_request=self.lora_request)
         results = []
         for out in outputs:
             completion = out.outputs[0]
@@ -171,7 +204,8 @@ class VLLMColocatedBackend(DeferredWeightPush, TickBatcher):
             temps = None if temperatures is None else temperatures[i]
             full = any(a is not None for a in allowed_i or ()) or any(t not in (None, 1.0) for t in temps or ())
             (out,) = self.llm.generate([TokensPrompt(prompt_token_ids=seq)],
-                                       VLLMParams(max_tokens=1, prompt_logprobs=-1 if full else 0), use_tqdm=False)
+                                       VLLMParams(max_tokens=1, prompt_logprobs=-1 if full else 0), use_tqdm=False,
+                                       lora_request=self.lora_request)
             rows = out.prompt_logprobs
             scores: list[float | None] = [None]
             for j in range(1, len(seq)):
@@ -188,7 +222,11 @@ class VLLMColocatedBackend(DeferredWeightPush, TickBatcher):
         return results
 
     def push_weights(self, model) -> None:
-        """Into the engine now (``sync_weights`` defers this to the next request)."""
-        from .vllm_sync import push_weights
+        """Into the engine now (``sync_weights`` defers this to the next request): this backend's adapter as an
+        adapter, or the whole (merged) model."""
+        from .vllm_sync import push_adapter, push_weights
 
-        push_weights(self.llm, model)
+        if self.adapter is None:
+            push_weights(self.llm, model)
+            return
+        self.lora_request = push_adapter(self.llm, model, self.adapter, self.lora_request, self._adapters_dir)

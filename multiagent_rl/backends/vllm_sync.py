@@ -15,6 +15,11 @@ re-packs a tied head, resets the
   ``[model.vllm] weights_dir``) or as a base64 blob inside the request (``load_safetensors_b64``), then
   ``POST /reset_prefix_cache`` (``EndpointBackend.push_weights`` does both).
 
+A LoRA policy on the in-process engine goes over as its adapter, not merged into the base: the engine runs with vLLM's
+LoRA support, each push writes the adapter (PEFT's own files) to a new folder and the engine samples it through a new
+``LoRARequest`` ([`push_adapter`][multiagent_rl.backends.vllm_sync.push_adapter]); the base weights never move, and
+several policies are several adapters on one engine.
+
 Either way the push waits until the sampler is next asked for a sample or a score
 ([`DeferredWeightPush`][multiagent_rl.backends.base.DeferredWeightPush]): steps where the policy samples nothing
 move no weights.
@@ -25,7 +30,12 @@ Measured on CPU with vLLM 0.32: after a push, vLLM's logprobs equal the trainer'
 from __future__ import annotations
 
 import base64
+import itertools
+import os
+import shutil
 from typing import Any
+
+_ADAPTER_IDS = itertools.count(1)
 
 
 def served_tensors(model: Any) -> dict[str, Any]:
@@ -89,3 +99,21 @@ def push_weights(llm: Any, model: Any) -> None:
     named = list(served_tensors(model).items())
     llm.collective_rpc(lambda worker: load_into_worker(worker, named))
     llm.reset_prefix_cache()
+
+
+def push_adapter(llm: Any, model: Any, adapter: str, previous: Any, folder: str):
+    """Write PEFT adapter ``adapter`` of ``model`` to a new folder under ``folder`` and return the ``LoRARequest`` that
+    samples it (a new id: vLLM keeps adapters by id); the ``previous`` request's adapter leaves the engine and its
+    folder is removed."""
+    from vllm.lora.request import LoRARequest
+
+    version = next(_ADAPTER_IDS)
+    path = os.path.join(folder, f"{adapter}-{version}")
+    model.save_pretrained(path, selected_adapters=[adapter])
+    saved = path if adapter == "default" else os.path.join(path, adapter)  # PEFT nests a named adapter's files
+    request = LoRARequest(f"{adapter}-{version}", version, saved)
+    if previous is not None:
+        llm.llm_engine.remove_lora(previous.lora_int_id)
+        shutil.rmtree(os.path.dirname(previous.lora_path) if adapter != "default" else previous.lora_path,
+                      ignore_errors=True)
+    return request

@@ -76,6 +76,11 @@ class PoliciesMixin:
         """Per policy, the backend its seats sample from: with adapters, the live model with that adapter active
         (requests batched per adapter); else the one policy's ``[model] backend``."""
         names, args = self.policy_names, self.args
+        if self.experiment.uses_adapters and self.experiment.model.backend == "vllm":  # one engine, one adapter each
+            first = build_policy_backend(self.experiment.model, policy, tokenizer, seed=args.seed, adapters=names,
+                                         max_batch_size=args.max_concurrency, endpoints=self.experiment.endpoints)
+            first.policy_name = names[0]
+            return {name: first if name == names[0] else first.view(name, name) for name in names}
         if self.experiment.uses_adapters:
             return {name: TransformersBackend(policy, tokenizer, model_id="policy", adapter=name, policy_name=name,
                                               max_batch_size=args.max_concurrency,
