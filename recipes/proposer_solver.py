@@ -62,11 +62,13 @@ def experiment(args) -> ExperimentConfig:
     ]
     if args.warmup_steps:
         learner = (lambda role: {"learner": role}) if separate else (lambda role: {})
+        # free text: a chat model already answers in the instructed format, so only the proposer's JSON is taught
+        solver = {"model": "scripted", "policy": f"{ENV}:accurate_solver", "trainable": False} if args.free_text \
+            else {**imitate, **warmup_solver(args.warmup_solver_accuracy), **learner("solver")}
         envs.insert(0, {"id": "proposer_solver", "name": "proposer_solver_warmup", "args": game,
                         "group_size": args.group_size,
                         "roles": {"proposer": {**imitate, "policy": f"{ENV}:uniform_proposer", **learner("proposer")},
-                                  "solver": {**imitate, **warmup_solver(args.warmup_solver_accuracy),
-                                             **learner("solver")}}})
+                                  "solver": solver}})
     if separate and not args.lora:
         raise SystemExit("--learners separate trains two LoRA adapters on one base: give --lora R (e.g. --lora 16)")
     return ExperimentConfig.model_validate({
@@ -148,7 +150,8 @@ def main(argv=None) -> dict:
                    help="'uniform' keeps the proposer scripted (uniform difficulty): the no-curriculum baseline")
     p.add_argument("--steps", type=int, default=700, help="training steps, warm-up included")
     p.add_argument("--warmup-steps", type=int, default=None,
-                   help="sft steps imitating the scripted roles (0: none). Default 300; 0 with --free-text")
+                   help="sft steps imitating the scripted roles (0: none). Default 300; 0 with --free-text, where a "
+                        "warm-up teaches the proposer alone (its JSON; the solver seat is a scripted solver)")
     p.add_argument("--free-text", action="store_true",
                    help="the proposer writes problem and answer in free text (verified) instead of choosing from a "
                         "menu, with the env's 'instructed' prompts: for a pretrained chat model")

@@ -133,6 +133,10 @@ def test_proposer_solver_free_text_drops_the_menu_and_checks_answers():
                             free_text=True, temperature=0.7, learners="shared")
     config = proposer_solver.experiment(ps)
     assert [e.name for e in config.env] == ["curriculum", "uniform_probe"]  # no warm-up entry
+    ps.warmup_steps = 3  # a warm-up in free text teaches the proposer's JSON alone
+    warm = proposer_solver.experiment(ps).env[0]
+    assert warm.roles["proposer"].algo.type == "sft" and warm.roles["solver"].trainable is False
+    ps.warmup_steps = 0
     for entry in config.env:
         assert entry.args["menu"] is False and entry.args["verify"] is True and entry.args["prompts"] == "instructed"
     assert config.trainer["temperature"] == 0.7
