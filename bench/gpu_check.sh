@@ -13,7 +13,8 @@
 # >= 80%; (5) SmolLM2-135M-Instruct (bench/real_model.py): rollout tokens/s transformers vs vLLM colocated, trainer
 # tokens/s full vs LoRA in fp32 and bf16, peak memory of each (the table docs/models.md shows for a CPU); (6) the
 # weight handoff to a vLLM server, file vs base64 over HTTP (bench/weight_handoff.py; docs/speed_results.md); (7)
-# where a Kuhn step's time goes (bench/step_profile.py).
+# where a Kuhn step's time goes (bench/step_profile.py); (8) the transformers backend's continuous batching and
+# prompt reuse, on and off (bench/decoding.py).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 TOKENIZERS_PARALLELISM=false
@@ -60,5 +61,7 @@ check weight_handoff 180 python bench/weight_handoff.py --reps 3
 grep -A4 "^smollm2-135m:" "$OUT/weight_handoff.log"; grep "^http / file" "$OUT/weight_handoff.log"
 check step_profile 120 python bench/step_profile.py --steps 11
 grep -A12 " s a step " "$OUT/step_profile.log" | grep "^|\| s a step"
+check decoding 240 python bench/decoding.py --repeats 2
+grep "^|" "$OUT/decoding.log"
 echo "$([ $status = 0 ] && echo 'ALL PASS' || echo 'SOME FAILED') (logs in $OUT)"
 exit $status

@@ -96,13 +96,41 @@ def test_the_budget_evicts_the_least_recently_used_conversation():
     assert cache.lookup([7] * 101) == (0, None)
 
 
-def test_a_sliding_window_model_encodes_every_prompt_whole(tiny):
+def test_a_sliding_window_model_encodes_every_prompt_whole_and_decodes_as_before(tiny):
     model, tok = tiny
-    model.config.use_sliding_window = True
+    prompts = [tok.encode(f"Say {i} things.") for i in range(3)]
+    params = SamplingParams(max_new_tokens=5, temperature=0)
+    plain = TransformersBackend(model, tok, prefix_cache_mb=0).generate_batch(prompts, params)
+    model.config.sliding_window, model.config.use_sliding_window = 4096, True  # a window longer than the sequences
     try:
-        assert TransformersBackend(model, tok).prefix_cache is None
+        backend = TransformersBackend(model, tok)
+        assert backend.prefix_cache is None and not backend.continuous_batching
+        assert [g.token_ids for g in backend.generate_batch(prompts, params)] == [g.token_ids for g in plain]
     finally:
-        model.config.use_sliding_window = False
+        model.config.sliding_window, model.config.use_sliding_window = None, False
+
+
+def test_columns_left_by_finished_rows_are_dropped(tiny):
+    model, tok = tiny
+    backend = TransformersBackend(model, tok, prefix_cache_mb=0)
+    long_prompt, short_prompt = tok.encode("a long question " * 20), tok.encode("hi")
+    widths = []
+    from multiagent_rl.backends.decoding import Decoding, Row
+
+    decoding = Decoding(backend, SamplingParams(max_new_tokens=6, temperature=0, allowed_token_ids=(100, 101)))
+    got = {}
+    decoding.join([Row(long_prompt, lambda g: got.setdefault("long", g))])
+    for _ in range(3):
+        decoding.step()
+    decoding.join([Row(short_prompt, lambda g: got.setdefault("short", g))])
+    while decoding.rows:
+        widths.append(decoding.mask.shape[1])
+        decoding.step()
+    # the long row finished first (it joined 3 tokens earlier): the short one no longer carries its prompt's columns
+    assert widths[-1] < len(long_prompt)
+    alone = backend.generate_batch([short_prompt], decoding.params)[0]
+    assert got["short"].token_ids == alone.token_ids
+    assert got["short"].logprobs == pytest.approx(alone.logprobs, abs=1e-6)
 
 
 def test_requests_that_arrive_during_a_decode_join_it_and_get_what_they_would_alone(tiny):
@@ -145,6 +173,18 @@ def test_a_failing_forward_fails_its_requests_and_the_backend_serves_on(tiny):
     assert model.forward == real_forward
     assert all(isinstance(r, RuntimeError) and "out of memory" in str(r) for r in results)
     assert asyncio.run(backend.generate(prompt, params)).token_ids  # served again
+
+    # a join that fails fails its joiners only: the rows already decoding go on
+    from multiagent_rl.backends.decoding import Decoding, Row
+
+    decoding, got = Decoding(backend, SamplingParams(max_new_tokens=3, temperature=0)), []
+    decoding.join([Row(prompt, got.append)])
+    failed = []
+    backend._run(decoding, decoding.join, [Row([10 ** 9], got.append, fail=failed.append)])  # an id past the vocab
+    assert len(failed) == 1 and len(decoding.rows) == 1
+    while decoding.rows:
+        decoding.step()
+    assert got and got[0].token_ids
 
 
 def test_a_cancelled_request_leaves_the_decode(tiny):

@@ -18,6 +18,9 @@ class _Orchestrator:
         self.policies, self.pools, self.delay, self.holder = {}, {}, delay, copy_holder
         self.played, self.threads = {}, set()
 
+    def state_dict(self):
+        return {"rollouts drawn": len(self.played)}
+
     def play(self, step):
         self.threads.add(threading.current_thread().name)
         self.played[step] = float(self.holder["ahead"].copy.weight.item())
@@ -38,6 +41,8 @@ def test_each_rollout_samples_published_weights_at_most_max_lag_steps_old(max_la
             live.weight.fill_(step)  # the weights at the start of step `step` are `step`
         episodes, lag = ahead.episodes(step)
         assert episodes == [f"episode of step {step}"]
+        # a checkpoint now holds the state from before this step's rollout drew, whatever the thread played since
+        assert ahead.rollout_state(step) == {"rollouts drawn": step}
         lags.append(lag)
         assert orchestrator.played[step] == step - lag  # it sampled exactly the weights published lag steps ago
         time.sleep(train_seconds)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+from transformers.cache_utils import DynamicCache
 
 from ..models.adapters import use_adapter
 from .base import Generation, SamplingParams
@@ -75,7 +76,8 @@ class Decoding:
             if cache is not None:
                 cache.reused_tokens += sum(n for n, _ in hits)
                 cache.encoded_tokens += sum(len(r.prompt) - n for r, (n, _) in zip(rows, hits))
-            kv = batched_cache([kv for _, kv in hits], P, B, self.device)
+            kv = batched_cache([kv for _, kv in hits], P, B, self.device) if backend.reusable_cache else \
+                DynamicCache(config=backend.model.config)
             mask, positions = mask.to(self.device), positions.to(self.device)
             logits = self._forward(ids.to(self.device), mask, positions, kv)
         if self.rows:
@@ -128,13 +130,21 @@ class Decoding:
         self.kv.batch_select_indices(index)
         self.rows = [self.rows[j] for j in keep]
         self.mask, self.positions, self.last = self.mask[index], self.positions[index], self.last[index]
+        dead = int(self.mask.any(0).int().argmax())  # leading columns no remaining row reads (left by those that left)
+        if dead and backend.reusable_cache:
+            self.mask = self.mask[:, dead:]
+            for layer in self.kv.layers:
+                layer.drop_leading(dead)
 
     def _stops(self, row: Row) -> bool:
         params, backend = self.params, self.backend
         if len(row.tokens) >= params.max_new_tokens or row.tokens[-1] in backend.eos_token_ids:
             return True
-        return bool(params.stop) and any(s in backend.tokenizer.decode(row.tokens, skip_special_tokens=True)
-                                         for s in params.stop)
+        if not params.stop:
+            return False
+        # a stop string completed by the last token lies in the last few tokens (``finish`` finds the exact end)
+        tail = backend.tokenizer.decode(row.tokens[-(2 * max(map(len, params.stop)) + 8):], skip_special_tokens=True)
+        return any(s in tail for s in params.stop)
 
     def _keep(self, j: int, row: Row, kept: list[int]) -> None:
         """Store row ``j``'s keys and values for its prompt and kept reply but the reply's last token (never fed

@@ -148,6 +148,12 @@ class GrowingLayer(DynamicLayer):
             self._keys, self._values = self._keys[indices], self._values[indices]
             self.keys, self.values = self._keys[..., :self._length, :], self._values[..., :self._length, :]
 
+    def drop_leading(self, columns: int) -> None:
+        """Forget the first ``columns`` positions (padding no row reads any more)."""
+        self._keys, self._values = self._keys[..., columns:, :], self._values[..., columns:, :]
+        self._length -= columns
+        self.keys, self.values = self._keys[..., :self._length, :], self._values[..., :self._length, :]
+
 
 def _cache_of(layers: list[tuple[torch.Tensor, torch.Tensor]]) -> DynamicCache:
     cache = DynamicCache()

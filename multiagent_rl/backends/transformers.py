@@ -39,8 +39,8 @@ class TransformersBackend(TickBatcher):
     exact_logprobs = True
     """Its logprobs come from the trainer's own forward passes: no sampler/trainer mismatch to correct."""
     continuous_batching = True
-    """Requests join a running decode between two tokens; False: the requests of one tick are decoded to the end
-    together while later ones wait (for comparisons: ``bench/decoding.py``)."""
+    """Requests join a running decode between two tokens; False (and for a model whose cache cannot be merged, see
+    ``reusable_cache``): the requests of one tick are decoded to the end together while later ones wait."""
 
     def __init__(self, model, tokenizer, model_id: str = "policy", max_batch_size: int = 256, gather_ticks: int = 3,
                  adapter: str | None = None, policy_name: str | None = None, prefix_cache_mb: int = 1024):
@@ -62,7 +62,11 @@ class TransformersBackend(TickBatcher):
         self.num_generate_calls = 0
         self.num_requests = 0
         self.cache_argument = _cache_argument(model)
-        self.prefix_cache = PrefixCache(prefix_cache_mb << 20) if prefix_cache_mb and _reusable_cache(model) else None
+        self.reusable_cache = _reusable_cache(model)
+        """Whether every layer attends to the whole sequence, so cached keys and values can be reused and batches merged
+        (else each batch decodes alone with the cache the model's config asks for)."""
+        self.continuous_batching = self.reusable_cache
+        self.prefix_cache = PrefixCache(prefix_cache_mb << 20) if prefix_cache_mb and self.reusable_cache else None
         """The keys and values of the conversations so far (``prefix_cache_mb``; None: every prompt encoded whole, and
         for models with sliding-window or recurrent layers)."""
         self.num_forward_passes = 0
@@ -125,14 +129,18 @@ class TransformersBackend(TickBatcher):
 
     @staticmethod
     def _run(decoding: Decoding, method, *args) -> None:
-        """``method(*args)``; an error fails every request of the decode (and its joiners), which leaves."""
+        """``method(*args)``, surfacing an error in every request it touched and serving on: a failed join fails its
+        joiners (the running rows go on), a failed step every row of the decode."""
         joiners = args[0] if args else []
+        running = len(decoding.rows)
         try:
             method(*args)
-        except Exception as exc:  # surface it in every waiting episode, keep serving
-            for row in [*decoding.rows, *joiners]:
+        except Exception as exc:
+            failed = joiners if joiners and len(decoding.rows) == running else [*decoding.rows, *joiners]
+            for row in failed:
                 row.fail(exc)
-            decoding.rows = []
+            if failed is not joiners:
+                decoding.rows = []
 
     def finish(self, ids: list[int], logps: list[float], params: SamplingParams) -> Generation:
         eos = next((i for i, t in enumerate(ids) if t in self.eos_token_ids), None)
@@ -171,7 +179,7 @@ def _cache_argument(model) -> str:
 def _reusable_cache(model) -> bool:
     """Whether every layer attends to the whole sequence (a sliding-window or recurrent layer keeps other state)."""
     config = getattr(model, "config", None)
-    if getattr(config, "use_sliding_window", False):
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
         return False
     types = getattr(config, "layer_types", None)
     return types is None or all(t == "full_attention" for t in types)

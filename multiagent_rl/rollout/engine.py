@@ -1,17 +1,16 @@
 """The rollout engine: environments played by their seats, episodes scored by the algorithms.
 
 [`Orchestrator`][multiagent_rl.rollout.engine.Orchestrator] owns everything between a config and a scored episode: the
-environments and their seats (bound to the policy, frozen models or scripted functions, and checked against
-each env's real seats), the generation backends, the algorithms with the roles each one scores
-and their saved state, the task-group → environment map, the episode sink and the run's health
-checks. It imports nothing from TRL: a notebook or an evaluation uses it alone::
+environments and their seats (bound to the policy, frozen models or scripted functions, and checked against each env's
+real seats), the generation backends, the algorithms with the roles each one scores and their saved state, the
+task-group → environment map, the episode sink and the run's health checks. It imports nothing from TRL::
 
     orchestrator = Orchestrator.from_config({"env": [{"id": "kuhn_poker", "group_size": 4}]})
     episodes = orchestrator.play(step=0)        # played and checked on this process
     orchestrator.score(episodes)                 # group credit: per-token streams on the traces
 
-The trainer ([`multiagent_rl.training.trainer`][]) calls the same two methods every step, with a gather
-hook so group credit sees every process's episodes.
+The trainer ([`multiagent_rl.training.trainer`][]) calls the same two methods every step, with a gather hook so group
+credit sees every process's episodes; a notebook or an evaluation uses it alone.
 """
 
 from __future__ import annotations
@@ -207,7 +206,6 @@ class Orchestrator:
     async def aplay(self, step: int) -> list[Episode]:
         """[`play`][multiagent_rl.rollout.engine.Orchestrator.play] from async code."""
         self.take_snapshots(step)
-        self._forget_earlier_conversations()
         specs = self.experiment.env
         active = [i for i, s in enumerate(specs) if s.active(step)]
         if not active:
@@ -218,7 +216,10 @@ class Orchestrator:
             slot = self.slots[i]
             (task,) = slot.tasks.sample(1, self.rng) if slot.tasks else slot.env.sample_tasks(1, self.rng)
             jobs.append(self._play_group(i, task, f"s{step}-r{self.rank}-g{g}"))
-        episodes = [ep for group in await asyncio.gather(*jobs) for ep in group]
+        try:
+            episodes = [ep for group in await asyncio.gather(*jobs) for ep in group]
+        finally:  # no episode spans two steps, and training needs the memory
+            clear_prefix_caches(self.backends())
         self._warn_silent_seats(episodes)
         for ep in episodes:
             self._check(ep)
@@ -226,11 +227,10 @@ class Orchestrator:
                                for ep in episodes for key, roles in self.slot_of[ep.env].assignment.items()))
         return episodes
 
-    def _forget_earlier_conversations(self) -> None:
-        """Empty every backend's prefix cache: no episode spans two steps, and a resumed run starts without one (so
-        it computes in the same order as the uninterrupted run)."""
-        clear_prefix_caches([*self.policies.values(), *(a.backend for s in self.slots for a in s.agents.values()),
-                             *(snap.backend for pool in self.pools.values() for snap in pool.snapshots)])
+    def backends(self) -> list:
+        """Every backend a seat of this orchestrator samples from (policies, partners, pool snapshots)."""
+        return [*self.policies.values(), *(a.backend for s in self.slots for a in s.agents.values()),
+                *(snap.backend for pool in self.pools.values() for snap in pool.snapshots)]
 
     async def _play_group(self, index: int, task, group: str) -> list[Episode]:
         spec, slot = self.experiment.env[index], self.slots[index]

@@ -28,9 +28,11 @@ def stateful(callbacks) -> dict[str, Any]:
     return {type(cb).__name__: cb for cb in callbacks if hasattr(cb, "state_dict") and hasattr(cb, "load_state_dict")}
 
 
-def save_run_state(folder: str, rollout, callbacks, rank: int, main_process: bool) -> None:
-    """Write this process's rollout state (and, on the main process, the shared state) into ``folder``."""
-    _write_json(os.path.join(folder, ROLLOUT_STATE_FILE.format(rank=rank)), rollout.state_dict())
+def save_run_state(folder: str, rollout, callbacks, rank: int, main_process: bool, ahead=None, step: int = 0) -> None:
+    """Write this process's rollout state (and, on the main process, the shared state) into ``folder``; with rollouts
+    ahead (``ahead``), the rollout state as it was before step ``step`` (the next to train) drew anything."""
+    state = ahead.rollout_state(step) if ahead is not None else rollout.state_dict()
+    _write_json(os.path.join(folder, ROLLOUT_STATE_FILE.format(rank=rank)), state)
     if main_process:
         _write_json(os.path.join(folder, ALGORITHM_STATE_FILE), rollout.algorithm_state())
         if rollout.pools:

@@ -19,6 +19,7 @@ import os
 import torch
 
 from ..backends import TransformersBackend, build_policy_backend
+from ..backends.base import DeferredWeightPush
 from ..models.adapters import add_adapters, use_adapter
 from ..config import env_labels
 from ..policies import learner_of_seat, policy_lora
@@ -99,12 +100,17 @@ class PoliciesMixin:
             return self.rollout.policies
         live = self.accelerator.unwrap_model(self.model)
         return {name: TransformersBackend(live, self.tokenizer, model_id="policy", policy_name=name,
-                                          adapter=name if self.experiment.uses_adapters else None)
+                                          adapter=name if self.experiment.uses_adapters else None,
+                                          prefix_cache_mb=self.experiment.model.prefix_cache_mb)
                 for name in self.rollout.policies}
 
     def live_policy(self, name: str | None = None):
-        """The backend on the live weights of policy ``name`` (default: the first), for evaluations between steps."""
-        return self.live_policies[name or self.policy_names[0]]
+        """The backend on the live weights of policy ``name`` (default: the first), for evaluations between steps (a
+        served sampler is handed the current weights first)."""
+        backend = self.live_policies[name or self.policy_names[0]]
+        if isinstance(backend, DeferredWeightPush):
+            backend.sync_weights(self.accelerator.unwrap_model(self.model))
+        return backend
 
     def check_policies_supported(self) -> None:
         """Refuse, naming the way out, what several policies cannot do here yet."""

@@ -15,11 +15,13 @@ step order, so the data a step trains on is what an on-policy run would have pla
 from __future__ import annotations
 
 import copy
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
 
+from ..backends.prefix_cache import clear_prefix_caches
 from ..episodes.episode import Episode
 from ..rollout.engine import RolloutStep
 
@@ -51,10 +53,16 @@ class RolloutsAhead:
         self.pool: ThreadPoolExecutor | None = None
         self.futures: dict[int, Future] = {}
         self.lags: dict[int, int] = {}
+        self.states: dict[int, dict] = {}
+        """Per step whose rollout has started, the orchestrator's state just before it drew anything."""
+        self.lock = threading.Lock()
 
     @classmethod
-    def for_run(cls, orchestrator, live_model: Any, args) -> RolloutsAhead | None:
+    def for_run(cls, orchestrator, live_model: Any, args, sharded: bool = False) -> RolloutsAhead | None:
         """The rollouts ahead of a run with ``args.async_rollouts`` > 0 (else None: on-policy)."""
+        if args.async_rollouts and sharded:
+            raise ValueError(f"async_rollouts={args.async_rollouts} copies the policy for its thread, which FSDP and "
+                             "DeepSpeed ZeRO-3 shard across processes: use DDP or ZeRO-2, or async_rollouts = 0")
         return cls(orchestrator, live_model, args.async_rollouts, args.max_steps) if args.async_rollouts else None
 
     def episodes(self, step: int) -> tuple[list[Episode], int]:
@@ -67,6 +75,9 @@ class RolloutsAhead:
             if j not in self.futures:
                 self.futures[j] = self.pool.submit(self._play, j)
         episodes = self.futures.pop(step).result()
+        with self.lock:
+            for done in [j for j in self.states if j < step]:
+                del self.states[done]
         return episodes, step - self.lags.pop(step)
 
     def publish(self, step: int) -> None:
@@ -75,7 +86,17 @@ class RolloutsAhead:
         with torch.no_grad():
             self.published = (step, {name: params[name].detach().clone() for name in self.trained})
 
+    def rollout_state(self, step: int) -> dict:
+        """The orchestrator's state before rollout ``step`` drew its tasks (what a checkpoint taken before training
+        step ``step`` must hold, although the thread may have played on since)."""
+        with self.lock:
+            for done in [j for j in self.states if j < step]:
+                del self.states[done]
+            return self.states[step] if step in self.states else self.orchestrator.state_dict()
+
     def _play(self, step: int) -> list[Episode]:
+        with self.lock:
+            self.states[step] = self.orchestrator.state_dict()
         version, state = self.published  # at least step - max_lag: the rollout was scheduled after that step published
         if version != self.loaded_version:
             with torch.no_grad():
@@ -93,7 +114,7 @@ class RolloutsAhead:
         for future in self.futures.values():
             future.cancel()
         if self.pool is not None:
-            self.pool.shutdown(wait=True)
+            self.pool.shutdown(wait=True, cancel_futures=True)
         self.pool = None
         self.futures.clear()
         self.lags.clear()
@@ -102,6 +123,7 @@ class RolloutsAhead:
 def play_and_score(trainer, step: int, policy) -> tuple[RolloutStep, int]:
     """The trainer's step ``step`` played and scored, and its lag: on-policy (every policy's sampler gets the weights
     first, once per optimizer step) or from the rollouts ahead (``trainer.ahead``; its lag logged as ``rollout/lag``)."""
+    clear_prefix_caches(trainer.live_policies.values())  # what evaluations kept: stale from this step on
     if trainer.ahead is not None:
         played, lag = trainer.ahead.episodes(step)
         trainer.record_metric("rollout/lag", lag)

@@ -100,13 +100,13 @@ class MixedAlgorithmTrainer(PoliciesMixin, PublishingMixin, GRPOTrainer):
             health=RunHealth(args.max_failed_steps, args.max_skipped_steps),
         )
         self.health = self.rollout.health
-        self.ahead = RolloutsAhead.for_run(self.rollout, policy, args)
         self.rollout_step: RolloutStep | None = None
         self.nonfinite_loss: set[str] = set()
         self.interrupt = Interrupt(announce=self.accelerator.is_main_process)
         self._synced_step: int | None = None
         plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
         sharded = self.is_fsdp_enabled or (plugin is not None and plugin.zero_stage == 3)
+        self.ahead = RolloutsAhead.for_run(self.rollout, policy, args, sharded)
         self.regularisers = [build_regulariser(c, args.max_steps) for c in experiment.regulariser]
         self.check_policies_supported()
         if sharded and any(r.needs_logits for r in self.regularisers):
@@ -206,7 +206,7 @@ class MixedAlgorithmTrainer(PoliciesMixin, PublishingMixin, GRPOTrainer):
         folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
         if os.path.isdir(folder):
             save_run_state(folder, self.rollout, self.callback_handler.callbacks, self.accelerator.process_index,
-                           self.accelerator.is_main_process)
+                           self.accelerator.is_main_process, self.ahead, self.state.global_step)
             if self.accelerator.is_main_process:
                 for regulariser in self.regularisers:
                     regulariser.save(folder)
