@@ -118,10 +118,7 @@ def check_policies(experiment) -> None:
     if experiment.uses_adapters:
         for name in experiment.policies:
             policy_lora(experiment, name)
-        if experiment.model.backend == "vllm" and experiment.model.vllm.mode != "colocate":
-            raise ValueError("[policies] with LoRA adapters on vLLM needs [model.vllm] mode = 'colocate' (each policy "
-                             "an adapter of the in-process engine); a vLLM server is sent one merged policy here. "
-                             "Use mode = 'colocate', or [model] backend = 'transformers'")
+
     for env in experiment.env:
         for role, rc in env.roles.items():
             where = f"env {env.name or env.id!r} role {role!r}"

@@ -83,10 +83,8 @@ def test_policies_bind_by_name_and_bad_bindings_say_the_fix():
     refused(no_lora, r"\[policies.bob\]: several policies train as LoRA adapters on one base model; set")
     served = two_policies()
     served["model"]["backend"] = "vllm"
-    served["model"]["vllm"] = {"mode": "server", "base_url": "http://127.0.0.1:8000/v1"}
-    refused(served, r"needs \[model.vllm\] mode = 'colocate'")
-    served["model"]["vllm"] = {"mode": "colocate"}
-    ExperimentConfig.model_validate(served)  # each policy an adapter of the in-process engine
+    for vllm in ({"mode": "colocate"}, {"mode": "server", "base_url": "http://127.0.0.1:8000/v1"}):
+        ExperimentConfig.model_validate({**served, "model": {**served["model"], "vllm": vllm}})  # adapters on vLLM
     pool = {"model": {"name": "tiny"}, "env": [{"id": "kuhn_poker", "roles": {"player_1": {"model": "pool:policy"}}}]}
     refused(pool, r"policy 'policy' takes no snapshots: set \[policies.policy\] snapshot_every = N")
     refused({**pool, "policies": {"policy": {"snapshot_every": 2}},

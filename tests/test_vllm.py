@@ -198,7 +198,8 @@ def _policy_matches_trainer(trainer, tok) -> float:
 
 
 @pytest.mark.parametrize("mode, lora, handoff", [("colocate", False, None), ("server", False, "auto"),
-                                                 ("server", False, "http"), ("colocate", True, None)])
+                                                 ("server", False, "http"), ("colocate", True, None),
+                                                 ("server", True, "auto")])
 def test_a_vllm_policy_is_synced_after_every_step(mode, lora, handoff, server, tiny_path, oracle, tmp_path):
     """After every optimizer step the vLLM engine samples with the trainer's weights (a LoRA adapter merged); a
     loopback server gets them as a file (``auto``) or inside the request (``http``)."""
@@ -230,6 +231,8 @@ def test_a_vllm_policy_is_synced_after_every_step(mode, lora, handoff, server, t
     assert _policy_matches_trainer(trainer, tok) < TOL
     if mode == "colocate":  # a LoRA policy went over as its adapter (vLLM's LoRA), a full one as weights
         assert (trainer.rollout.policy.lora_request is not None) == lora
+    if mode == "server" and lora:  # this server has no runtime LoRA: the adapter went over merged, as before
+        assert trainer.rollout.policy.adapter is None and trainer.rollout.policy.served_model == tiny_path
     if mode == "server":  # give the module's server its original weights back
         trainer.rollout.policy.push_weights(model)
         folder = trainer.rollout.policy.handoff_folder()
@@ -272,6 +275,46 @@ def test_several_policies_are_adapters_of_one_colocated_engine(tiny_path, oracle
                 assert max(abs(a - b) for a, b in zip(scores[len(p):], g.logprobs)) < TOL
         replies[name] = [g.token_ids for g in gens]
     assert replies["alice"] != replies["bob"]  # two adapters trained apart sample apart
+
+
+def test_several_policies_are_adapters_of_one_server(tiny_path, oracle, tmp_path):
+    """A server with runtime LoRA: each policy's adapter is loaded in place after every optimizer step (through a file
+    the server reads) and its requests ask for it by name; the trainer's logprobs of that adapter."""
+    from multiagent_rl.models.adapters import use_adapter
+
+    model, tok = oracle
+    proc, url = start_vllm_server(tiny_path, log_path=tmp_path / "lora_server.log", max_model_len=512,
+                                  extra_args=["--enable-lora", "--max-loras", "2", "--max-lora-rank", "8"],
+                                  env={"OMP_NUM_THREADS": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"})
+    try:
+        lora = {"r": 4, "lora_alpha": 8, "target_modules": "all-linear"}
+        trainer = MixedAlgorithmTrainer(
+            {"algo": {"type": "grpo"}, "policies": {"alice": {"lora": lora}, "bob": {"lora": lora}},
+             "model": {"name": "tiny", "backend": "vllm", "vllm": {"mode": "server", "base_url": url}},
+             "env": [{"id": "kuhn_poker", "group_size": 4, "args": {"legal_choices": True},
+                      "roles": {"player_0": {"policy": "alice"}, "player_1": {"policy": "bob"}}}]},
+            args=MixedAlgorithmConfig(output_dir=str(tmp_path / "run"), max_steps=2, report_to=[],
+                                      save_strategy="no", save_episodes=False, groups_per_step=2, learning_rate=5e-2,
+                                      max_completion_length=2, disable_tqdm=True),
+            model=copy.deepcopy(model), processing_class=tok)
+        alice, bob = trainer.rollout.policies["alice"], trainer.rollout.policies["bob"]
+        trainer.train()
+        assert (alice.served_model, bob.served_model) == ("multiagent_rl-alice", "multiagent_rl-bob")
+        peft_model = trainer.accelerator.unwrap_model(trainer.model)
+        ids = [tok.encode(p, add_special_tokens=False) for p in prompts(tok, 3)]
+        for name, backend in (("alice", alice), ("bob", bob)):
+            backend.sync_weights(peft_model)
+
+            async def sample():
+                return await asyncio.gather(*(backend.generate(p, SamplingParams(max_new_tokens=6, seed=k))
+                                              for k, p in enumerate(ids)))
+
+            with use_adapter(peft_model, name):
+                for p, g in zip(ids, run_sync(sample())):
+                    (scores,) = token_logprobs(peft_model, [p + g.token_ids])
+                    assert max(abs(a - b) for a, b in zip(scores[len(p):], g.logprobs)) < TOL
+    finally:
+        stop_vllm_server(proc)
 
 
 @pytest.mark.parametrize("mode", ["colocate", "server"])

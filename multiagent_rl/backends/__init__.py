@@ -103,6 +103,11 @@ def build_policy_backend(model_config: Any, live_model: Any, tokenizer: Any, *, 
                                 max_concurrency=options.max_concurrency)
         backend = EndpointBackend(served, tokenizer=tokenizer, model_id=POLICY, weight_handoff=options.weight_handoff,
                                   weights_dir=options.weights_dir)
+        # a LoRA policy goes over as its adapter where the server takes adapters at runtime, else merged; several
+        # policies must be adapters (one merged policy would overwrite the base all of them share)
+        loras = getattr(live_model, "peft_config", None) or {}
+        backend.adapter = adapters[0] if adapters else (live_model.active_adapter if loras else None)
+        backend.may_merge = not adapters or len(loras) <= 1
         backend.check_server()  # up, serving this model? (else an EndpointError that says what to do) Its context:
         if backend.max_context is None:  # the server did not say
             backend.max_context = options.max_model_len

@@ -120,6 +120,10 @@ class EndpointBackend(DeferredWeightPush):
         self.config = config
         self.weight_handoff, self.weights_dir = weight_handoff, weights_dir
         """How a trained policy's weights reach the server (see ``push_weights``)."""
+        self.adapter: str | None = None
+        """A LoRA policy's PEFT adapter, pushed to a server with LoRA on as an adapter (``vllm_sync.push_adapter_to_server``)."""
+        self.served_model = config.model
+        """The name requests ask for: the model, or the pushed adapter's name on the server."""
         self.model_id = model_id or config.reference
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config.tokenizer or config.model)
         key_env = config.api_key_env or ("OPENAI_API_KEY" if config.kind == "openai" else None)
@@ -220,7 +224,7 @@ class EndpointBackend(DeferredWeightPush):
         if params.allowed_token_ids is not None:
             extra["allowed_token_ids"] = list(params.allowed_token_ids)
         response = await self._call(self._client.completions.create(
-            model=self.config.model, prompt=list(prompt_ids), max_tokens=params.max_new_tokens,
+            model=self.served_model, prompt=list(prompt_ids), max_tokens=params.max_new_tokens,
             temperature=params.temperature, top_p=params.top_p, seed=params.seed, logprobs=0,
             stop=list(params.stop) or None, extra_body=extra,
         ), "/completions")
@@ -240,7 +244,7 @@ class EndpointBackend(DeferredWeightPush):
         if messages is None:
             raise ValueError(f"{self.model_id} is a chat (text) endpoint: it needs the conversation's messages")
         response = await self._call(self._client.chat.completions.create(
-            model=self.config.model, messages=messages, max_tokens=params.max_new_tokens,
+            model=self.served_model, messages=messages, max_tokens=params.max_new_tokens,
             temperature=params.temperature, top_p=params.top_p, seed=params.seed, stop=list(params.stop) or None,
         ), "/chat/completions")
         choice = response.choices[0]
@@ -274,7 +278,7 @@ class EndpointBackend(DeferredWeightPush):
         async with self._slots:
             self.num_requests += 1
             response = await self._call(self._client.completions.create(
-                model=self.config.model, prompt=list(sequence), max_tokens=1, temperature=1.0,
+                model=self.served_model, prompt=list(sequence), max_tokens=1, temperature=1.0,
                 extra_body={"prompt_logprobs": -1 if full else 0},
             ), "/completions")
         rows = response.choices[0].model_extra.get("prompt_logprobs")
@@ -335,8 +339,10 @@ class EndpointBackend(DeferredWeightPush):
         server reads it from disk, or from memory under ``/dev/shm``: no copy inside the request), else inside the
         HTTP request as base64. A loopback server that cannot read the file (another container behind a forwarded
         port) is sent the weights over HTTP from then on, with a warning."""
-        from .vllm_sync import served_tensors
+        from .vllm_sync import push_adapter_to_server, served_tensors
 
+        if self.adapter is not None and push_adapter_to_server(self, model):
+            return
         tensors = served_tensors(model)
         folder = self.handoff_folder()
         if folder is not None:

@@ -117,3 +117,52 @@ def push_adapter(llm: Any, model: Any, adapter: str, previous: Any, folder: str)
         shutil.rmtree(os.path.dirname(previous.lora_path) if adapter != "default" else previous.lora_path,
                       ignore_errors=True)
     return request
+
+
+def push_adapter_to_server(backend: Any, model: Any) -> bool:
+    """Push ``backend.adapter`` (a PEFT adapter of ``model``) to a vLLM server as a LoRA adapter: written to a folder the
+    server reads (``backend.handoff_folder()``), loaded with ``POST /v1/load_lora_adapter`` in place under one name,
+    the server's prefix cache reset; requests then ask for the adapter by that name. The server needs ``--enable-lora
+    --max-lora-rank R`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``. Returns False, having warned and switched the
+    backend to merged weights for good, when the server has no runtime LoRA or cannot share a folder."""
+    import logging
+
+    import httpx
+
+    from .endpoint_errors import EndpointError, server_message
+
+    log = logging.getLogger(__name__)
+    folder, adapter = backend.handoff_folder(), backend.adapter
+    if folder is None:
+        log.warning("%s: a LoRA adapter goes to the server through a folder it reads (a loopback server, or "
+                    "[model.vllm] weights_dir); sending merged weights instead", backend.model_id)
+        backend.adapter = None
+        return False
+    path = os.path.join(folder, f"adapter-{adapter}-{next(_ADAPTER_IDS)}")
+    model.save_pretrained(path, selected_adapters=[adapter])
+    saved = path if adapter == "default" else os.path.join(path, adapter)  # PEFT nests a named adapter's files
+    name = f"multiagent_rl-{adapter}"
+    root = backend.config.base_url.rstrip("/").removesuffix("/v1")
+    with httpx.Client(timeout=backend.config.timeout, headers=backend._headers) as client:
+        reply = client.post(f"{root}/v1/load_lora_adapter",
+                            json={"lora_name": name, "lora_path": os.path.abspath(saved), "load_inplace": True})
+        if reply.status_code != 200:
+            shutil.rmtree(path, ignore_errors=True)
+            first = getattr(backend, "_adapter_path", None) is None
+            message = server_message(reply.text, "no message")
+            if first and reply.status_code in (400, 404) and getattr(backend, "may_merge", True):
+                log.warning("%s: the server takes no LoRA adapters at runtime (%s: %s; start it with --enable-lora "
+                            "--max-lora-rank R and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True); sending merged weights "
+                            "instead", backend.model_id, reply.status_code, message)
+                backend.adapter = None
+                return False
+            raise EndpointError(f"{backend.model_id}: loading the LoRA adapter from {saved} failed "
+                                f"({reply.status_code}: {message}); several policies on one server need it started "
+                                "with --enable-lora --max-loras K --max-lora-rank R and "
+                                "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True")
+        client.post(f"{root}/reset_prefix_cache").raise_for_status()
+    previous, backend._adapter_path = getattr(backend, "_adapter_path", None), path
+    if previous is not None:
+        shutil.rmtree(previous, ignore_errors=True)
+    backend.served_model = name
+    return True

@@ -78,10 +78,17 @@ class PoliciesMixin:
         (requests batched per adapter); else the one policy's ``[model] backend``."""
         names, args = self.policy_names, self.args
         if self.experiment.uses_adapters and self.experiment.model.backend == "vllm":  # one engine, one adapter each
-            first = build_policy_backend(self.experiment.model, policy, tokenizer, seed=args.seed, adapters=names,
-                                         max_batch_size=args.max_concurrency, endpoints=self.experiment.endpoints)
-            first.policy_name = names[0]
-            return {name: first if name == names[0] else first.view(name, name) for name in names}
+            build = lambda adapters: build_policy_backend(  # noqa: E731
+                self.experiment.model, policy, tokenizer, seed=args.seed, adapters=adapters,
+                max_batch_size=args.max_concurrency, endpoints=self.experiment.endpoints)
+            if self.experiment.model.vllm.mode == "server":  # one client per adapter of the server's
+                backends = {name: build([name]) for name in names}
+            else:
+                first = build(names)
+                backends = {name: first if name == names[0] else first.view(name) for name in names}
+            for name, backend in backends.items():
+                backend.policy_name = name
+            return backends
         if self.experiment.uses_adapters:
             return {name: TransformersBackend(policy, tokenizer, model_id="policy", adapter=name, policy_name=name,
                                               max_batch_size=args.max_concurrency,
