@@ -77,7 +77,7 @@ def experiment(args) -> ExperimentConfig:
                  "roles": {"judge": {**judge, "trainable": False}}}],
         "trainer": {
             "output_dir": args.output_dir, "max_steps": args.steps, "learning_rate": args.lr,
-            "gradient_accumulation_steps": args.micro_batches,
+            "gradient_accumulation_steps": args.micro_batches, "async_rollouts": args.async_rollouts,
             "lr_scheduler_type": "constant", "groups_per_step": args.groups_per_step, "seed": args.seed,
             "report_to": args.report_to, "logging_steps": args.log_every, "disable_tqdm": False,
             "max_completion_length": 4, "save_strategy": "no",
@@ -107,7 +107,7 @@ def judge_experiment(args) -> ExperimentConfig:
         "phase": warmup_then_rl(warmup, ["agentic_judge_warmup"], ["agentic_judge"], fresh_optimizer=True),
         "trainer": {
             "output_dir": args.output_dir, "max_steps": args.steps, "learning_rate": args.lr,
-            "gradient_accumulation_steps": args.micro_batches,
+            "gradient_accumulation_steps": args.micro_batches, "async_rollouts": args.async_rollouts,
             "lr_scheduler_type": "constant", "groups_per_step": args.groups_per_step, "seed": args.seed,
             "report_to": args.report_to, "logging_steps": args.log_every, "disable_tqdm": False,
             "max_completion_length": args.judge_tokens, "save_strategy": "no", "temperature": args.temperature,
@@ -131,7 +131,7 @@ def hostile_experiment(args, weights: dict) -> ExperimentConfig:
                                      "trainable": False}}}],
         "trainer": {
             "output_dir": args.output_dir, "max_steps": args.steps, "learning_rate": args.lr,
-            "gradient_accumulation_steps": args.micro_batches,
+            "gradient_accumulation_steps": args.micro_batches, "async_rollouts": args.async_rollouts,
             "lr_scheduler_type": "constant", "groups_per_step": args.groups_per_step, "seed": args.seed,
             "report_to": args.report_to, "logging_steps": args.log_every, "disable_tqdm": False,
             "max_completion_length": 4, "save_strategy": "no",

@@ -130,6 +130,7 @@ def experiment(args) -> ExperimentConfig:
         "trainer": {
             "output_dir": args.output_dir,
             "max_steps": args.steps, "gradient_accumulation_steps": args.micro_batches,
+            "async_rollouts": args.async_rollouts,
             "learning_rate": args.lr,
             # transformers' polynomial schedule with power 1 is a linear decay to lr_end at the last step
             **({"lr_scheduler_type": "polynomial",

@@ -55,7 +55,8 @@ def experiment(args) -> dict:
         envs.insert(0, {"id": "leduc_poker", "name": "leduc_poker_warmup", "group_size": args.group_size,
                         "roles": {"player_0": warmup_seat, "player_1": warmup_seat}})
     trainer = {"output_dir": args.output_dir, "max_steps": args.steps, "learning_rate": args.lr,
-               "gradient_accumulation_steps": args.micro_batches, "lr_scheduler_type": "constant",
+               "gradient_accumulation_steps": args.micro_batches, "async_rollouts": args.async_rollouts,
+               "lr_scheduler_type": "constant",
                "groups_per_step": args.groups_per_step, "seed": args.seed, "report_to": args.report_to,
                "logging_steps": args.eval_every, "disable_tqdm": False, "max_completion_length": 4,
                "save_strategy": "no"}

@@ -80,7 +80,7 @@ def experiment(args) -> ExperimentConfig:
         "regulariser": [{"type": "entropy", "coef": args.entropy_coef}] if args.entropy_coef else [],
         "trainer": {
             "output_dir": args.output_dir, "max_steps": args.steps, "learning_rate": args.lr,
-            "gradient_accumulation_steps": args.micro_batches,
+            "gradient_accumulation_steps": args.micro_batches, "async_rollouts": args.async_rollouts,
             "lr_scheduler_type": "constant", "groups_per_step": args.groups_per_step, "seed": args.seed,
             "report_to": args.report_to, "logging_steps": args.log_every, "disable_tqdm": False,
             "max_completion_length": 40, "temperature": args.temperature,

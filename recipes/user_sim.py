@@ -57,7 +57,7 @@ def experiment(args) -> ExperimentConfig:
         "phase": warmup_then_rl(args.warmup_steps, ["user_sim_warmup"], ["user_sim"], args.warmup_lr),
         "trainer": {
             "output_dir": args.output_dir, "max_steps": args.steps, "learning_rate": args.lr,
-            "gradient_accumulation_steps": args.micro_batches,
+            "gradient_accumulation_steps": args.micro_batches, "async_rollouts": args.async_rollouts,
             "lr_scheduler_type": "constant", "groups_per_step": args.groups_per_step, "seed": args.seed,
             "report_to": args.report_to, "logging_steps": args.log_every, "disable_tqdm": False,
             "max_completion_length": args.reply_tokens, "save_strategy": "no", "temperature": args.temperature,

@@ -60,7 +60,8 @@ def test_env_labels_are_the_env_id_and_its_warmup():
     args, _ = kuhn_poker.parse([])
     assert labels(kuhn_poker.experiment(args)) == ["kuhn_poker_warmup", "kuhn_poker"]
     common = {"model": "tiny", "steps": 10, "warmup_steps": 2, "group_size": 2, "groups_per_step": 1, "lr": 1e-3,
-              "warmup_lr": 1e-3, "seed": 0, "output_dir": "x", "report_to": [], "lora": None, "micro_batches": 1}
+              "warmup_lr": 1e-3, "seed": 0, "output_dir": "x", "report_to": [], "lora": None, "micro_batches": 1,
+              "async_rollouts": 0}
     leduc = leduc_poker.parse([])
     assert labels(ExperimentConfig.model_validate(leduc_poker.experiment(leduc))) == ["leduc_poker_warmup",
                                                                                       "leduc_poker"]
@@ -109,7 +110,7 @@ def test_kuhn_opponents_and_proposer_solver_learners_bind_the_seats():
     assert not ExperimentConfig.model_validate(leduc_poker.experiment(leduc_poker.parse([]))).policies
 
     common = {"model": "tiny", "steps": 10, "warmup_steps": 2, "group_size": 2, "groups_per_step": 1, "lr": 1e-3,
-              "warmup_lr": 1e-3, "seed": 0, "output_dir": "x", "report_to": [], "lora": 8, "micro_batches": 1}
+              "warmup_lr": 1e-3, "seed": 0, "output_dir": "x", "report_to": [], "lora": 8, "micro_batches": 1, "async_rollouts": 0}
     ps = argparse.Namespace(**common, levels=[1, 2], topic="addition", solvers=2, proposer="trained",
                             probe_weight=0.25, warmup_solver_accuracy=0.3, entropy_coef=0.0, log_every=1, save_every=0,
                             free_text=False, temperature=1.0, learners="separate")
@@ -127,7 +128,7 @@ def test_proposer_solver_free_text_drops_the_menu_and_checks_answers():
 
     common = {"model": "smollm2-135m", "steps": 10, "warmup_steps": 0, "group_size": 2, "groups_per_step": 1,
               "lr": 1e-4, "warmup_lr": 1e-3, "seed": 0, "output_dir": "x", "report_to": [], "lora": 16,
-              "micro_batches": 1}
+              "micro_batches": 1, "async_rollouts": 0}
     ps = argparse.Namespace(**common, levels=[1, 2], topic="addition", solvers=2, proposer="trained",
                             probe_weight=0.25, warmup_solver_accuracy=0.3, entropy_coef=0.0, log_every=1, save_every=0,
                             free_text=True, temperature=0.7, learners="shared")
@@ -183,7 +184,7 @@ def test_agentic_judge_train_judge_puts_the_policy_in_the_judge_seat():
     args = argparse.Namespace(model="smollm2-135m", lora=16, train="judge", solver="policy", reward="judge",
                               judge_model="scripted", judge_tokens=128, temperature=0.7, steps=4, group_size=2,
                               groups_per_step=1, lr=1e-4, log_every=1, seed=0, output_dir="x", report_to=[],
-                              warmup_steps=0, micro_batches=1)
+                              warmup_steps=0, micro_batches=1, async_rollouts=0)
     config = agentic_judge.experiment(args)
     (entry,) = config.env
     assert entry.roles["judge"].model == "policy" and entry.roles["judge"].trainable is True
@@ -212,8 +213,9 @@ def test_micro_batches_become_gradient_accumulation_steps(monkeypatch):
     import kuhn_poker
     import user_sim
 
-    args, _ = kuhn_poker.parse(["--micro-batches", "4"])
-    assert kuhn_poker.experiment(args).trainer["gradient_accumulation_steps"] == 4
+    args, _ = kuhn_poker.parse(["--micro-batches", "4", "--async-rollouts", "1"])
+    trainer = kuhn_poker.experiment(args).trainer
+    assert trainer["gradient_accumulation_steps"] == 4 and trainer["async_rollouts"] == 1
     built = []
 
     def trainer(config, callbacks=None):

@@ -41,11 +41,15 @@ def add_lora_flag(parser: argparse.ArgumentParser) -> None:
 
 
 def add_micro_batches_flag(parser: argparse.ArgumentParser) -> None:
-    """``--micro-batches N``: the trainer's ``gradient_accumulation_steps``."""
+    """``--micro-batches N`` (the trainer's ``gradient_accumulation_steps``) and ``--async-rollouts N`` (its
+    ``async_rollouts``)."""
     parser.add_argument("--micro-batches", type=int, default=1, metavar="N",
                         help="split each step's batch into N micro-batches, each its own forward and backward pass "
                              "(gradient accumulation: the same update with 1/N of the activation memory), e.g. 4 for "
                              "a real model's long multi-turn traces")
+    parser.add_argument("--async-rollouts", type=int, default=0, metavar="N",
+                        help="play the next step's episodes while this step trains, at most N steps off-policy "
+                             "(importance-corrected; docs/scaling.md); 0: on-policy")
 
 
 def lora_config(rank: int | None) -> dict[str, Any] | None:
