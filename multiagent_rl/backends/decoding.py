@@ -2,8 +2,8 @@
 leave when they finish (continuous batching), each row reading its prompt's longest cached prefix.
 
 Layout of the running batch: every row's next input goes in the same column. A joining row is prefilled first, laid
-out as [its cached prefix, right-aligned in P columns][its uncached prompt tokens, right-aligned in S columns]; then it
-and the running rows are padded on the left to one width and stacked. The attention mask marks every padding column
+out as its cached prefix right-aligned in P columns, then its uncached prompt tokens right-aligned in S columns; then
+it and the running rows are padded on the left to one width and stacked. The attention mask marks every padding column
 and position ids count a row's own tokens only, so each row computes what it would alone (to float rounding).
 """
 
