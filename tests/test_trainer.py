@@ -847,3 +847,28 @@ def test_the_lm_head_runs_only_where_the_loss_reads_unless_the_model_rescales_it
                 assert torch.allclose(got, expected, atol=1e-5), name
         assert (type(trainer.model) in trainer.scorer.full_logits_models) == (name == "scaled")
     assert not caplog.records  # the second call: the fallback is remembered, not re-detected
+
+
+def test_completions_of_mostly_observations_are_scored_at_the_read_positions_with_the_same_logprobs(
+        tmp_path, tiny, make_trace, make_episode, fixed_trainer):
+    """Multi-turn traces whose completions are mostly observations (a tool's output, the other seat's turn) are scored
+    through the head at the action positions only; the logprobs there are TRL's fused pass's, to float rounding."""
+    rng = random.Random(1)
+    episodes = [make_episode(f"e{k}", "g0", "single", [make_trace("agent", [
+        ("prompt", ids(rng, 4 + k)), ("action", ids(rng, 2)), ("observation", ids(rng, 30 + 3 * k)),
+        ("action", ids(rng, 2))], r)]) for k, r in enumerate((1.0, 0.0, 0.5, 2.0))]
+    experiment = {"algo": {"type": "grpo"}, "env": [{"id": "single", "instance": single_env(), "group_size": 4}]}
+    trainer = fixed_trainer(tmp_path, tiny, experiment, episodes)
+    batch = trainer._generate_and_score_completions(None)
+    read = batch["action_mask"].bool()
+    assert 4 * int(read.sum()) < int(batch["completion_mask"].sum())  # mostly observations
+    calls = []
+    fused = trainer.scorer.fused
+    trainer.scorer.fused = lambda *a, **k: calls.append(1) or fused(*a, **k)
+    with torch.no_grad():
+        scored = trainer.scorer.score(trainer.model, batch, compute_entropy=True)
+        ids_, mask = (torch.cat([batch[f"prompt_{k}"], batch[f"completion_{k}"]], 1) for k in ("ids", "mask"))
+        expected, entropies, _ = fused(trainer.model, ids_, mask, batch["completion_ids"].size(1), compute_entropy=True)
+    assert not calls and scored.read is not None  # the read-positions pass, not the fused one
+    torch.testing.assert_close(scored.logps[read], expected[read], atol=1e-5, rtol=0)
+    torch.testing.assert_close(scored.entropies[read], entropies[read], atol=1e-4, rtol=0)

@@ -87,10 +87,11 @@ class PolicyScorer:
     """The trainer's scoring of completion tokens as they were sampled: at their temperature and, where a harness
     constrained them, with the softmax over their allowed ids.
 
-    When every token has the trainer's temperature, none is constrained and no regulariser reads logits, this is
-    TRL's own scoring (``fused`` is the trainer's ``_get_per_token_logps_and_entropies``, whose fused LM head never
-    builds the full logits); otherwise only the positions some stream, metric or regulariser reads are scored (0
-    elsewhere), with the LM head applied to just their hidden states ([`logits_at`][multiagent_rl.training.logits.logits_at]),
+    When every token has the trainer's temperature, none is constrained, no regulariser reads logits and at least
+    half the completion positions are read, this is TRL's own scoring (``fused`` is the trainer's
+    ``_get_per_token_logps_and_entropies``, whose fused LM head never builds the full logits); otherwise (multi-turn
+    traces whose completions are mostly observations among them) only the positions some stream, metric or
+    regulariser reads are scored (0 elsewhere), with the LM head applied to just their hidden states ([`logits_at`][multiagent_rl.training.logits.logits_at]),
     or, for a model whose logits are not its head on its last hidden state (checked on every call; one warning per
     model class) and under FSDP or ZeRO-3 (whose sharded head cannot run outside the forward), the model's logits at
     every kept position.
@@ -106,10 +107,13 @@ class PolicyScorer:
         mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
         T = batch["completion_ids"].size(1)
         allowed, temperatures = batch.get("allowed_ids"), batch["temperatures"]
-        if allowed is None and not need_logits and bool((temperatures == self.temperature).all()):
+        read = read_positions(batch)
+        # TRL's fused pass scores every completion position; where most of them are observations (tool results, the
+        # other seat's turns) the head on just the read positions, in length buckets, is the cheaper pass
+        mostly_read = 2 * int(read.sum()) >= int(batch["completion_mask"].sum())
+        if allowed is None and not need_logits and mostly_read and bool((temperatures == self.temperature).all()):
             logps, entropies, _ = self.fused(model, ids, mask, T, compute_entropy=compute_entropy)
             return Scored(logps, entropies)
-        read = read_positions(batch)
         read_logits = self.logits(model, ids, mask, T, read)
         allowed_read = None if allowed is None else allowed[read]
         logps, entropy = token_logprobs_from_logits(
