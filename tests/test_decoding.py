@@ -42,6 +42,7 @@ def test_later_turns_read_earlier_ones_from_the_cache_and_sample_exactly_the_sam
     prompts = [tok.encode(f"Hello {i}, how are you? " * (1 + i % 3)) for i in range(5)]
     observation = tok.encode(" And then?")
     cached = TransformersBackend(model, tok, prefix_cache_mb=64)
+    cached.prefix_min_tokens = 0  # keep even these short conversations
     plain = TransformersBackend(model, tok, prefix_cache_mb=0)
     with_cache, seqs = _conversations(cached, prompts, params, 4, observation)
     without, _ = _conversations(plain, prompts, params, 4, observation)
@@ -68,6 +69,7 @@ def test_the_cache_empties_when_the_weights_change(tiny):
     _, tok = tiny
     model = build_tiny_model(len(tok), seed=3)  # its own copy: the test writes to its weights
     backend = TransformersBackend(model, tok, prefix_cache_mb=64)
+    backend.prefix_min_tokens = 0
     params = SamplingParams(max_new_tokens=4, seed=1)
     prompt = tok.encode("Tell me a story.")
     gen = backend.generate_batch([prompt], params)[0]
@@ -205,3 +207,12 @@ def test_a_cancelled_request_leaves_the_decode(tiny):
     assert reply.token_ids
     # the cancelled one's decode stopped within a few tokens of the cancel (not at its 200), then the other ran 30
     assert backend.num_forward_passes <= 50
+
+
+def test_short_conversations_are_encoded_again_rather_than_kept(tiny):
+    model, tok = tiny
+    backend = TransformersBackend(model, tok)
+    short, long = tok.encode("Bet or check?"), tok.encode("A long rule book. " * 40)
+    assert len(short) + 4 < backend.prefix_min_tokens < len(long)
+    backend.generate_batch([short, long], SamplingParams(max_new_tokens=4, temperature=0))
+    assert [len(k) for k in backend.prefix_cache.entries] == [len(long) + 3]  # the long one only

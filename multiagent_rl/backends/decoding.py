@@ -119,7 +119,7 @@ class Decoding:
             if row.cancelled():
                 continue
             reply = backend.finish(row.tokens, row.logps, self.params)
-            if backend.prefix_cache is not None:
+            if backend.prefix_cache is not None and len(row.prompt) + len(reply.token_ids) > backend.prefix_min_tokens:
                 self._keep(j, row, reply.token_ids)
             row.deliver(reply)
         keep = [j for j in range(len(self.rows)) if j not in set(done)]

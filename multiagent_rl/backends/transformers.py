@@ -38,6 +38,9 @@ class TransformersBackend(TickBatcher):
     supports_choices = True
     exact_logprobs = True
     """Its logprobs come from the trainer's own forward passes: no sampler/trainer mismatch to correct."""
+    prefix_min_tokens = 128
+    """Conversations shorter than this are not kept in the prefix cache: encoding them again costs less than keeping
+    them (a game's one-line prompts)."""
     continuous_batching = True
     """Requests join a running decode between two tokens; False (and for a model whose cache cannot be merged, see
     ``reusable_cache``): the requests of one tick are decoded to the end together while later ones wait."""
