@@ -38,6 +38,9 @@ class TransformersBackend(TickBatcher):
     supports_choices = True
     exact_logprobs = True
     """Its logprobs come from the trainer's own forward passes: no sampler/trainer mismatch to correct."""
+    join_every = 8
+    """Requests that arrive during a decode join it once they have waited this many tokens (or are as many as the
+    running rows): each join copies the running rows' keys and values, so joining one by one would cost more."""
     prefix_min_tokens = 128
     """Conversations shorter than this are not kept in the prefix cache: encoding them again costs less than keeping
     them (a game's one-line prompts)."""
@@ -110,11 +113,16 @@ class TransformersBackend(TickBatcher):
             params = self._pending[0].params
             decoding = Decoding(self, params)
             self.num_generate_calls += 1
+            waited = 0  # tokens decoded since requests started waiting to join
             while True:
                 joining = [r for r in self._pending if r.params == params and not r.future.cancelled()]
                 others = any(r.params != params for r in self._pending)
                 room = self.max_batch_size - len(decoding.rows)
-                if joining and room > 0 and not (others and decoding.rows):
+                waited = waited + 1 if joining else 0
+                # a join copies the running rows' keys and values once, so joiners gather for a few tokens first
+                due = not decoding.rows or waited > self.join_every or len(joining) >= len(decoding.rows)
+                if joining and room > 0 and due and not (others and decoding.rows):
+                    waited = 0
                     joining = joining[:room]
                     taken = set(map(id, joining))
                     self._pending = [r for r in self._pending if id(r) not in taken]
