@@ -92,14 +92,20 @@ def evaluate(args: argparse.Namespace) -> dict:
     from .envs.registry import ENVS
     from .models import load_model_and_tokenizer
 
-    ENVS.lookup(args.env)  # an unknown id fails here, listing the known ones
+    env_class = ENVS.lookup(args.env)  # an unknown id fails here, listing the known ones
+    # the evaluation lives beside the env, in its package: built-in or registered by a user's own package
+    home = importlib.import_module(env_class.__module__)
+    package = home.__name__ if hasattr(home, "__path__") else home.__name__.rpartition(".")[0]
+    target = f"{package}.evaluation" if package else f"{home.__name__}.evaluation"
     try:
-        module = importlib.import_module(f"multiagent_rl.envs.{args.env}.evaluation")
-    except ModuleNotFoundError:
+        module = importlib.import_module(target) if package else None
+    except ModuleNotFoundError as error:
+        if error.name != target:
+            raise  # the evaluation exists but one of its own imports is missing: show that, not "no evaluation"
         module = None
     if module is None or not hasattr(module, "evaluate"):
-        raise SystemExit(f"env {args.env!r} ships no evaluation of a saved model (multiagent_rl/envs/{args.env}/"
-                         "evaluation.py defines no evaluate()); its metrics are logged during training")
+        raise SystemExit(f"env {args.env!r} ships no evaluation of a saved model ({target.replace('.', '/')}.py "
+                         "defines no evaluate()); its metrics are logged during training")
     model, tokenizer = load_model_and_tokenizer(args.model)
     options = {k.replace("-", "_"): parse_value(v) for k, _, v in (o.partition("=") for o in args.option)}
     report = module.evaluate(model, tokenizer, **options)

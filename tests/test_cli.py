@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from multiagent_rl import cli
+from multiagent_rl.envs.kuhn_poker import KuhnPokerEnv
 from multiagent_rl.tools.sandbox import bwrap_available
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "recipes" / "configs").glob("*.toml"))
@@ -43,6 +44,10 @@ def test_overrides_reach_lists_and_tables_and_name_a_bad_key(tmp_path):
         cli.load_experiment(str(config), ["trainer.max_step=2"])
 
 
+class UnevaluatedKuhn(KuhnPokerEnv):
+    """A user's env outside the library, with no evaluation.py beside it."""
+
+
 def test_python_m_runs_the_command_and_eval_reads_a_saved_policy(tmp_path):
     config = tmp_path / "kuhn.toml"
     config.write_text('[model]\nname = "tiny"\n[[env]]\nid = "kuhn_poker"\ngroup_size = 2\nargs = { legal_choices = true }\n'
@@ -53,4 +58,4 @@ def test_python_m_runs_the_command_and_eval_reads_a_saved_policy(tmp_path):
     report = cli.main(["eval", "kuhn_poker", "--model", str(tmp_path / "run" / "final_model")])
     assert 0 <= report["exploitability"] <= 1 and abs(report["invalid_mass"]) < 1e-6
     with pytest.raises(SystemExit, match="ships no evaluation"):
-        cli.main(["eval", "agentic_judge", "--model", "tiny"])
+        cli.main(["eval", f"{__name__}:UnevaluatedKuhn", "--model", "tiny"])
