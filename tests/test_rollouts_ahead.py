@@ -1,6 +1,7 @@
 """Rollouts ahead of training (``async_rollouts``): the lag bound, the weights each rollout samples, the importance
 correction of lagged batches, and the same tasks in the same steps as an on-policy run."""
 
+import asyncio
 import threading
 import time
 from types import SimpleNamespace
@@ -21,7 +22,7 @@ class _Orchestrator:
     def state_dict(self):
         return {"rollouts drawn": len(self.played)}
 
-    def play(self, step):
+    async def aplay(self, step):
         self.threads.add(threading.current_thread().name)
         self.played[step] = float(self.holder["ahead"].copy.weight.item())
         time.sleep(self.delay)
@@ -54,6 +55,29 @@ def test_each_rollout_samples_published_weights_at_most_max_lag_steps_old(max_la
         assert lags[max_lag:] == [max_lag] * (12 - max_lag)
     assert orchestrator.threads == {t for t in orchestrator.threads if t.startswith("rollouts-ahead")}
     assert sorted(orchestrator.played) == list(range(12))  # no step played twice, none past the last
+
+
+def test_close_cancels_the_rollout_in_flight_instead_of_waiting_for_it():
+    live = torch.nn.Linear(1, 1, bias=False)
+    holder, cancelled = {}, threading.Event()
+
+    class SlowOrchestrator(_Orchestrator):
+        async def aplay(self, step):
+            if step == 0:
+                return ["episode of step 0"]
+            try:
+                await asyncio.sleep(60)  # a real model's rollout: minutes
+            except asyncio.CancelledError:
+                cancelled.set()
+                raise
+            return [f"episode of step {step}"]
+
+    ahead = holder["ahead"] = RolloutsAhead(SlowOrchestrator(holder, 0.0), live, max_lag=1, max_steps=12)
+    assert ahead.episodes(0)[0] == ["episode of step 0"]  # and step 1's rollout starts in the thread
+    time.sleep(0.2)
+    start = time.perf_counter()
+    ahead.close()  # the run ends (or Ctrl-C) while step 1 is being played
+    assert time.perf_counter() - start < 5 and cancelled.is_set()
 
 
 def test_async_rollouts_train_kuhn_on_the_same_tasks_with_lagged_corrected_batches(tmp_path):

@@ -14,6 +14,7 @@ step order, so the data a step trains on is what an on-policy run would have pla
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -22,6 +23,7 @@ from typing import Any
 import torch
 
 from ..backends.prefix_cache import clear_prefix_caches
+from ..envs.base import run_sync
 from ..episodes.episode import Episode
 from ..rollout.engine import RolloutStep
 
@@ -55,6 +57,8 @@ class RolloutsAhead:
         self.lags: dict[int, int] = {}
         self.states: dict[int, dict] = {}
         """Per step whose rollout has started, the orchestrator's state just before it drew anything."""
+        self.in_flight: tuple[asyncio.AbstractEventLoop, asyncio.Task] | None = None
+        """The rollout being played (its thread's loop and task), which ``close`` cancels."""
         self.lock = threading.Lock()
 
     @classmethod
@@ -107,12 +111,27 @@ class RolloutsAhead:
                 if getattr(backend, "model", None) is not self.copy:
                     backend.sync_weights(self.copy)
         self.lags[step] = version
-        return self.orchestrator.play(step)
+
+        async def play() -> list[Episode]:
+            with self.lock:
+                self.in_flight = (asyncio.get_running_loop(), asyncio.current_task())
+            try:
+                return await self.orchestrator.aplay(step)
+            finally:
+                with self.lock:
+                    self.in_flight = None
+
+        return run_sync(play())
 
     def close(self) -> None:
-        """Stop scheduling; a rollout in flight finishes (its episodes are dropped)."""
+        """Stop scheduling and cancel the rollout in flight (its episodes would be dropped anyway): a run that ends
+        or is interrupted does not wait for a rollout no step will train on."""
         for future in self.futures.values():
             future.cancel()
+        with self.lock:
+            if self.in_flight is not None:
+                loop, task = self.in_flight
+                loop.call_soon_threadsafe(task.cancel)
         if self.pool is not None:
             self.pool.shutdown(wait=True, cancel_futures=True)
         self.pool = None
