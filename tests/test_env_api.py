@@ -1,5 +1,6 @@
 """Misuses of the Env API a new user meets, each made loud: a reward recorded twice, a trainable seat never called,
-an async finalize, a wrong seat name, constant rewards, a trace without recorded temperatures scored by a teacher."""
+an async finalize, a wrong seat name, constant rewards, a trace without recorded temperatures scored by a teacher;
+and the schedule of the envs' held-out evaluations."""
 
 import copy
 import logging
@@ -124,3 +125,46 @@ def test_a_teacher_reads_tokens_without_a_recorded_temperature_as_the_student_do
     assert torch.all(batch["temperatures"][batch["action_mask"].bool()] == 0.7)
     _, grads = loss_and_grads(trainer, batch)
     assert max_grad(grads) < 1e-5
+
+
+class _Counting:
+    """A held-out evaluation that measures the step it is called at."""
+
+    def __init__(self, **kw):
+        from multiagent_rl.envs.evaluation import PeriodicEvaluation
+
+        class Counting(PeriodicEvaluation):
+            prefix = "eval/count"
+
+            def measure(self, step):
+                return {"seen": float(step)}
+
+        self.callback = Counting(**kw)
+        self.logged = []
+        self.callback.trainer = type("T", (), {"accelerator": type("A", (), {"is_main_process": True})(),
+                                              "record_metric": lambda _, k, v: self.logged.append((k, v))})()
+
+    def run(self, max_steps, start=0):
+        from types import SimpleNamespace
+
+        self.callback.on_train_begin(None, SimpleNamespace(global_step=start, max_steps=max_steps), None)
+        for step in range(start + 1, max_steps + 1):
+            self.callback.on_step_end(None, SimpleNamespace(global_step=step, max_steps=max_steps), None)
+        return [p["step"] for p in self.callback.points]
+
+
+@pytest.mark.parametrize("every,during_warmup,expected", [(3, True, [0, 3, 6, 9, 10]), (4, False, [0, 6, 8, 10])])
+def test_a_periodic_evaluation_measures_at_start_warmup_end_every_and_last(every, during_warmup, expected):
+    counting = _Counting(every=every, warmup_steps=6, during_warmup=during_warmup)
+    assert counting.run(10) == expected
+    # the point before training is printed, not logged: it would be averaged into the first step's log line
+    assert [v for _, v in counting.logged] == [float(s) for s in expected[1:]]
+    assert {k for k, _ in counting.logged} == {"eval/count/seen"}
+
+
+def test_a_resumed_periodic_evaluation_keeps_its_points_and_does_not_measure_the_start_again():
+    first = _Counting(every=5)
+    first.run(5)
+    resumed = _Counting(every=5)
+    resumed.callback.load_state_dict(first.callback.state_dict())
+    assert resumed.run(10, start=5) == [0, 5, 10]

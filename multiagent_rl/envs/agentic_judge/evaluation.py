@@ -16,11 +16,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from transformers import TrainerCallback
-
 from ...agents.agent import Agent, AgentConfig, make_agent
 from ...tasks.task import Task, TaskData
 from ..base import play_episodes, run_sync
+from ..evaluation import PeriodicEvaluation
 from . import LETTERS, AgenticJudgeEnv, solver_prompt
 from .tasks import CODE_TASKS, code_task
 
@@ -84,39 +83,19 @@ def greedy_judge(backend, judge_tokens: int = 256) -> Agent:
                              sampling={"temperature": 0.0, "max_new_tokens": judge_tokens}), backend)
 
 
-class JudgeEvaluation(TrainerCallback):
+class JudgeEvaluation(PeriodicEvaluation):
     """[`judge_report`][multiagent_rl.envs.agentic_judge.evaluation.judge_report] of the trained judge, greedy, before
     the first step (``at_start``), at the end of the warm-up, every ``every`` steps and after the last (``points``;
     ``eval/judge/...`` metrics). Its state travels in checkpoints."""
 
+    prefix = "eval/judge"
+
     def __init__(self, every: int, warmup_steps: int = 0, judge_tokens: int = 256, at_start: bool = True):
-        self.every, self.warmup_steps, self.judge_tokens, self.at_start = every, warmup_steps, judge_tokens, at_start
-        self.points: list[dict] = []
-        self.trainer = None
+        super().__init__(every, warmup_steps, at_start=at_start)
+        self.judge_tokens = judge_tokens
 
-    def state_dict(self):
-        return {"points": self.points}
-
-    def load_state_dict(self, state):
-        self.points = list(state["points"])
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        if self.at_start and not self.points:
-            self._evaluate(0)
-
-    def on_step_end(self, args, state, control, **kwargs):
-        step = state.global_step
-        due = (self.every and step % self.every == 0) or step == state.max_steps
-        if (step == self.warmup_steps and step) or due:
-            self._evaluate(step)
-
-    def _evaluate(self, step: int) -> None:
-        report = judge_report(greedy_judge(self.trainer.live_policy(), self.judge_tokens),
-                              judge_tokens=self.judge_tokens)
-        self.points.append({"step": step, **report})
-        for key, value in report.items():
-            if value is not None:
-                self.trainer.record_metric(f"eval/judge/{key}", value)
+    def measure(self, step: int) -> dict[str, Any]:
+        return judge_report(greedy_judge(self.trainer.live_policy(), self.judge_tokens), judge_tokens=self.judge_tokens)
 
 
 def evaluate(model, tokenizer, judge_tokens: int = 256) -> dict[str, Any]:

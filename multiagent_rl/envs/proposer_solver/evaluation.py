@@ -7,11 +7,10 @@ import asyncio
 import random
 from typing import Any
 
-from transformers import TrainerCallback
-
 from ...agents.agent import Agent, AgentConfig, single_turn
 from ...tasks.task import Task, TaskData
 from ..base import run_sync
+from ..evaluation import PeriodicEvaluation
 from . import last_integer, parse_proposal, proposer_prompt, solver_prompt
 from .problems import LEVELS, make_problem
 
@@ -53,29 +52,34 @@ def free_text_validity(backend: Any, topic: str, n: int = 128, max_new_tokens: i
     return sum(parse_proposal(t.last_reply or "") is not None for t in run_sync(play())) / n
 
 
-class SolverEvaluation(TrainerCallback):
+class SolverEvaluation(PeriodicEvaluation):
     """Greedy solve accuracy per difficulty level on a fixed held-out set, before training and every ``every``
-    steps (``eval/ps/...`` metrics, `points`); the validity of free-text proposals sampled from the policy (at
-    ``temperature``) when the warm-up ends — before training when there is none — and after the last step.
+    steps (``eval/ps/accuracy_L...`` metrics, `points`); the validity of free-text proposals sampled from the policy
+    (at ``temperature``) when the warm-up ends — before training when there is none — and after the last step.
     ``prompts`` and ``answer_tokens`` are the env's. Its state travels in checkpoints."""
+
+    prefix = "eval/ps"
 
     def __init__(self, every: int, levels: list[int], topic: str, warmup_steps: int, per_level: int = 48,
                  prompts: str = "short", answer_tokens: int = 6, proposal_tokens: int = 40,
                  temperature: float = 1.0):
-        self.every, self.warmup_steps, self.topic = every, warmup_steps, topic
+        super().__init__(every)  # accuracy on its own schedule; the warm-up's end measures validity only
+        self.warmup_end, self.topic = warmup_steps, topic
         self.prompts, self.answer_tokens, self.proposal_tokens = prompts, answer_tokens, proposal_tokens
         self.temperature = temperature
         self.problems = held_out_problems(topic, per_level=per_level, levels=levels)
-        self.points: list[dict] = []
         self.validity_after_warmup: float | None = None
         self.validity_at_end: float | None = None
-        self.trainer = None
 
     def state_dict(self):
-        return {"points": self.points, "validity_after_warmup": self.validity_after_warmup}
+        return {**super().state_dict(), "validity_after_warmup": self.validity_after_warmup}
 
     def load_state_dict(self, state):
-        self.points, self.validity_after_warmup = list(state["points"]), state["validity_after_warmup"]
+        super().load_state_dict(state)
+        self.validity_after_warmup = state["validity_after_warmup"]
+
+    def metric(self, key: str) -> str:
+        return f"{self.prefix}/accuracy_{key}"
 
     def _backend(self, role: str):
         """The backend that plays ``role`` (its own policy's adapter when proposer and solver are separate learners)."""
@@ -87,30 +91,24 @@ class SolverEvaluation(TrainerCallback):
                                   prompts=self.prompts, temperature=self.temperature)
 
     def on_train_begin(self, args, state, control, **kwargs):
-        if self.points:  # resumed
-            return
-        self.evaluate(state.global_step)
-        if self.warmup_steps == 0 and self.validity_after_warmup is None:
+        resumed = bool(self.points)
+        super().on_train_begin(args, state, control, **kwargs)
+        if not resumed and self.warmup_end == 0 and self.validity_after_warmup is None:
             self.validity_after_warmup = self.validity()
 
     def on_step_end(self, args, state, control, **kwargs):
         step = state.global_step
-        if step == self.warmup_steps and self.validity_after_warmup is None:
+        if step == self.warmup_end and self.validity_after_warmup is None:
             self.validity_after_warmup = self.validity()
             self.trainer.record_metric("eval/ps/free_text_validity", self.validity_after_warmup)
         if step == state.max_steps:
             self.validity_at_end = self.validity()
-        if step % self.every and step != state.max_steps:
-            return
-        for level, acc in self.evaluate(step).items():
-            self.trainer.record_metric(f"eval/ps/accuracy_L{level}", acc)
+        super().on_step_end(args, state, control, **kwargs)
 
-    def evaluate(self, step: int) -> dict[int, float]:
+    def measure(self, step: int) -> dict[str, Any]:
         greedy = Agent(AgentConfig(model="policy", sampling={"temperature": 0.0, "max_new_tokens": self.answer_tokens}),
                        self._backend("solver"))
-        accuracy = solve_accuracy(greedy, self.problems, self.prompts)
-        self.points.append({"step": step, **{f"L{level}": acc for level, acc in accuracy.items()}})
-        return accuracy
+        return {f"L{level}": acc for level, acc in solve_accuracy(greedy, self.problems, self.prompts).items()}
 
 
 def curves(log_history: list[dict], levels: list[int]) -> list[dict]:

@@ -6,11 +6,10 @@ import random
 from collections import defaultdict
 from typing import Any
 
-from transformers import TrainerCallback
-
 from ...agents.agent import Agent, AgentConfig, make_agent
 from ...tasks.task import Task
 from ..base import play_episodes, run_sync
+from ..evaluation import PeriodicEvaluation
 from . import PERSONAS, UserSimEnv, scripted_user
 
 
@@ -35,43 +34,28 @@ def success_by_persona(assistant: Any, env: UserSimEnv, tasks: list[Task], user:
     return out
 
 
-class UserSimEvaluation(TrainerCallback):
-    """Greedy success per persona on held-out scenarios at the end of the warm-up and every ``every`` steps
-    (``eval/us/...`` metrics, `points`). Its state travels in checkpoints."""
+class UserSimEvaluation(PeriodicEvaluation):
+    """Greedy success per persona on held-out scenarios before training (``at_start``), at the end of the warm-up,
+    every ``every`` steps after it and after the last step (``eval/us/success_...`` metrics, `points`). Its state
+    travels in checkpoints."""
+
+    prefix = "eval/us"
 
     def __init__(self, every: int, warmup_steps: int, per_persona: int = 16, menu: bool = True,
                  personas: tuple[str, ...] = PERSONAS, max_turns: int = 6, reply_tokens: int = 24,
                  at_start: bool = False):
-        self.every, self.warmup_steps, self.reply_tokens, self.at_start = every, warmup_steps, reply_tokens, at_start
+        super().__init__(every, warmup_steps, at_start=at_start, during_warmup=False)
+        self.reply_tokens = reply_tokens
         self.env = UserSimEnv(personas=personas, menu=menu, split="held_out", max_turns=max_turns)
         self.tasks = held_out_scenarios(self.env, per_persona)
-        self.points: list[dict] = []
-        self.trainer = None
 
-    def state_dict(self):
-        return {"points": self.points}
+    def metric(self, key: str) -> str:
+        return f"{self.prefix}/success_{key}"
 
-    def load_state_dict(self, state):
-        self.points = list(state["points"])
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        if self.at_start and not self.points:  # the untrained model's level: the "before" of before → after
-            self._evaluate(0)
-
-    def on_step_end(self, args, state, control, **kwargs):
-        step = state.global_step
-        if step != self.warmup_steps and (step % self.every or step < self.warmup_steps) and step != state.max_steps:
-            return
-        self._evaluate(step)
-
-    def _evaluate(self, step: int) -> None:
-        trainer = self.trainer
+    def measure(self, step: int) -> dict[str, Any]:
         greedy = Agent(AgentConfig(model="policy", sampling={"temperature": 0.0, "max_new_tokens": self.reply_tokens}),
-                       trainer.live_policy())
-        success = success_by_persona(greedy, self.env, self.tasks)
-        self.points.append({"step": step, **success})
-        for persona, value in success.items():
-            trainer.record_metric(f"eval/us/success_{persona}", value)
+                       self.trainer.live_policy())
+        return success_by_persona(greedy, self.env, self.tasks)
 
 
 def plot_user_sim(points: list[dict], warmup_steps: int, path: str, title: str = "") -> None:
