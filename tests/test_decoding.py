@@ -6,6 +6,7 @@ model's own full forward pass over the whole conversation (``token_logprobs``), 
 """
 
 import asyncio
+import copy
 
 import pytest
 import torch
@@ -106,7 +107,8 @@ def test_a_sliding_window_model_encodes_every_prompt_whole_and_decodes_as_before
     model.config.sliding_window, model.config.use_sliding_window = 4096, True  # a window longer than the sequences
     try:
         backend = TransformersBackend(model, tok)
-        assert backend.prefix_cache is None and not backend.continuous_batching
+        assert backend.prefix_cache is None
+        assert not TransformersBackend(model, tok, continuous_batching=True).continuous_batching  # cannot merge caches
         assert [g.token_ids for g in backend.generate_batch(prompts, params)] == [g.token_ids for g in plain]
     finally:
         model.config.sliding_window, model.config.use_sliding_window = None, False
@@ -137,7 +139,7 @@ def test_columns_left_by_finished_rows_are_dropped(tiny):
 
 def test_requests_that_arrive_during_a_decode_join_it_and_get_what_they_would_alone(tiny):
     model, tok = tiny
-    backend = TransformersBackend(model, tok, prefix_cache_mb=0)
+    backend = TransformersBackend(model, tok, prefix_cache_mb=0, continuous_batching=True)  # the default on a GPU
     # every reply runs its 12 tokens (no end-of-sequence among the allowed ones), so the decode outlasts the arrivals
     params = SamplingParams(max_new_tokens=12, temperature=0, allowed_token_ids=tuple(range(100, 140)))
     prompts = [tok.encode(f"Question {i}: what comes next?") for i in range(6)]
@@ -158,9 +160,10 @@ def test_requests_that_arrive_during_a_decode_join_it_and_get_what_they_would_al
         assert got.logprobs == pytest.approx(want.logprobs, abs=1e-6)
 
 
-def test_a_failing_forward_fails_its_requests_and_the_backend_serves_on(tiny):
+@pytest.mark.parametrize("continuous", [True, False])
+def test_a_failing_forward_fails_its_requests_and_the_backend_serves_on(tiny, continuous):
     model, tok = tiny
-    backend = TransformersBackend(model, tok)
+    backend = TransformersBackend(model, tok, continuous_batching=continuous)
     params = SamplingParams(max_new_tokens=4, temperature=0)
     prompt = tok.encode("Hello")
     real_forward = model.forward
@@ -189,9 +192,10 @@ def test_a_failing_forward_fails_its_requests_and_the_backend_serves_on(tiny):
     assert got and got[0].token_ids
 
 
-def test_a_cancelled_request_leaves_the_decode(tiny):
+@pytest.mark.parametrize("continuous", [True, False])
+def test_a_cancelled_request_leaves_the_decode(tiny, continuous):
     model, tok = tiny
-    backend = TransformersBackend(model, tok)
+    backend = TransformersBackend(model, tok, continuous_batching=continuous)
     params = SamplingParams(max_new_tokens=200, temperature=1.0, seed=0)
     prompt = tok.encode("Tell me everything.")
 
@@ -216,3 +220,10 @@ def test_short_conversations_are_encoded_again_rather_than_kept(tiny):
     assert len(short) + 4 < backend.prefix_min_tokens < len(long)
     backend.generate_batch([short, long], SamplingParams(max_new_tokens=4, temperature=0))
     assert [len(k) for k in backend.prefix_cache.entries] == [len(long) + 3]  # the long one only
+
+
+def test_continuous_batching_is_on_by_default_for_a_model_on_a_gpu_only(tiny):
+    model, tok = tiny
+    assert not TransformersBackend(model, tok).continuous_batching  # on a CPU it was slower (docs/speed_results.md)
+    if torch.cuda.is_available():
+        assert TransformersBackend(copy.deepcopy(model).cuda(), tok).continuous_batching

@@ -76,10 +76,16 @@ class Decoding:
             if cache is not None:
                 cache.reused_tokens += sum(n for n, _ in hits)
                 cache.encoded_tokens += sum(len(r.prompt) - n for r, (n, _) in zip(rows, hits))
-            kv = batched_cache([kv for _, kv in hits], P, B, self.device) if backend.reusable_cache else \
-                DynamicCache(config=backend.model.config)
             mask, positions = mask.to(self.device), positions.to(self.device)
-            logits = self._forward(ids.to(self.device), mask, positions, kv)
+            if self._one_shot(rows, P):  # one-token replies (game moves): no cache to build, nothing decodes on
+                backend.num_forward_passes += 1
+                kv = None
+                logits = backend.model(input_ids=ids.to(self.device), attention_mask=mask, position_ids=positions,
+                                       use_cache=False, logits_to_keep=1).logits[:, -1].float()
+            else:
+                kv = batched_cache([kv for _, kv in hits], P, B, self.device) if backend.reusable_cache else \
+                    DynamicCache(config=backend.model.config)
+                logits = self._forward(ids.to(self.device), mask, positions, kv)
         if self.rows:
             self.kv, self.mask = merge_caches(self.kv, self.mask, kv, mask)
             self.positions = torch.cat([self.positions, positions[:, -1:]])
@@ -87,6 +93,12 @@ class Decoding:
             self.kv, self.mask, self.positions = kv, mask, positions[:, -1:]
         self.rows += rows
         self._sampled(logits, len(self.rows) - B)
+
+    def _one_shot(self, rows: list[Row], reused: int) -> bool:
+        """Whether ``rows`` finish after the token their prefill samples, with no keys or values to keep or read."""
+        cache = self.backend.prefix_cache
+        return self.params.max_new_tokens == 1 and not self.rows and not reused and (
+            cache is None or all(len(r.prompt) + 1 <= self.backend.prefix_min_tokens for r in rows))
 
     def step(self) -> None:
         backend = self.backend

@@ -44,12 +44,9 @@ class TransformersBackend(TickBatcher):
     prefix_min_tokens = 128
     """Conversations shorter than this are not kept in the prefix cache: encoding them again costs less than keeping
     them (a game's one-line prompts)."""
-    continuous_batching = True
-    """Requests join a running decode between two tokens; False (and for a model whose cache cannot be merged, see
-    ``reusable_cache``): the requests of one tick are decoded to the end together while later ones wait."""
-
     def __init__(self, model, tokenizer, model_id: str = "policy", max_batch_size: int = 256, gather_ticks: int = 3,
-                 adapter: str | None = None, policy_name: str | None = None, prefix_cache_mb: int = 1024):
+                 adapter: str | None = None, policy_name: str | None = None, prefix_cache_mb: int = 1024,
+                 continuous_batching: bool | None = None):
         super().__init__()
         self.model = model
         self.adapter = adapter
@@ -71,7 +68,12 @@ class TransformersBackend(TickBatcher):
         self.reusable_cache = _reusable_cache(model)
         """Whether every layer attends to the whole sequence, so cached keys and values can be reused and batches merged
         (else each batch decodes alone with the cache the model's config asks for)."""
-        self.continuous_batching = self.reusable_cache
+        if continuous_batching is None:  # on a CPU the joins' copies and wider rows cost more than batching saves
+            continuous_batching = model_device(model).type == "cuda"
+        self.continuous_batching = continuous_batching and self.reusable_cache
+        """Requests join a running decode between two tokens (default: for a model on a GPU; measured slower on a CPU,
+        docs/speed_results.md); False, and for a model whose cache cannot be merged: the requests of one tick are
+        decoded to the end together while later ones wait."""
         self.prefix_cache = PrefixCache(prefix_cache_mb << 20) if prefix_cache_mb and self.reusable_cache else None
         """The keys and values of the conversations so far (``prefix_cache_mb``; None: every prompt encoded whole, and
         for models with sliding-window or recurrent layers)."""
@@ -103,11 +105,11 @@ class TransformersBackend(TickBatcher):
         return replies
 
     async def _serve(self) -> None:
-        """Continuous batching: requests with the running decode's sampling setting join it between two tokens, and
-        every finished reply is delivered at once, so an episode's next request can join the same decode. Other
-        settings wait until it empties; none joins while they wait."""
-        if not self.continuous_batching:
-            return await super()._serve()
+        """The requests gathered in a few event-loop ticks decode together, one sampling setting at a time; every
+        finished reply is delivered at once, and a cancelled one leaves. With ``continuous_batching`` requests with the
+        running decode's setting join it between two tokens, so an episode's next request can join the same decode
+        (other settings wait until it empties; none joins while they wait); without it, later requests wait for it to
+        end."""
         while self._pending:
             await self._gather()
             params = self._pending[0].params
@@ -120,7 +122,8 @@ class TransformersBackend(TickBatcher):
                 room = self.max_batch_size - len(decoding.rows)
                 waited = waited + 1 if joining else 0
                 # a join copies the running rows' keys and values once, so joiners gather for a few tokens first
-                due = not decoding.rows or waited > self.join_every or len(joining) >= len(decoding.rows)
+                due = not decoding.rows or self.continuous_batching and (
+                    waited > self.join_every or len(joining) >= len(decoding.rows))
                 if joining and room > 0 and due and not (others and decoding.rows):
                     waited = 0
                     joining = joining[:room]
