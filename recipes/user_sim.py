@@ -38,7 +38,7 @@ ENV = "multiagent_rl.envs.user_sim"
 
 
 def experiment(args) -> ExperimentConfig:
-    game = {"menu": not args.free_text, "max_turns": args.max_turns}
+    game = {"menu": not args.free_text, "max_turns": args.max_turns, "partial_credit": args.partial_credit}
     # a model-played user: the base model itself, frozen, reading its persona and hidden goal from its system prompt
     user = {"user": {"model": args.model, "trainable": False,
                      "sampling": {"temperature": args.user_temperature, "max_new_tokens": 64}}} \
@@ -92,6 +92,8 @@ def main(argv=None) -> dict:
                         "where a small chat model's replies at 1 drift off topic")
     p.add_argument("--user-temperature", type=float, default=0.7, help="sampling temperature of a model-played user")
     p.add_argument("--reply-tokens", type=int, default=24, help="most tokens of one assistant reply")
+    p.add_argument("--partial-credit", type=float, default=0.0,
+                   help="reward share for the slots a not-quite-right booking gets right (0: success only)")
     p.add_argument("--eval-at-start", action="store_true", help="also evaluate the untrained model (step 0)")
     p.add_argument("--group-size", type=int, default=8, help="conversations per scenario")
     p.add_argument("--groups-per-step", type=int, default=4, help="scenarios per step")

@@ -114,6 +114,24 @@ def test_the_success_check_compares_every_slot_of_the_booking(booking, success, 
     assert assistant.info["user_sim"]["goal"] == "BOOK city=Oslo date=May 3 seats=2"
 
 
+@pytest.mark.parametrize("booking, partial", [
+    ("BOOK city=Oslo date=May 3 seats=2", 0.0),  # right: the success reward alone
+    ("BOOK city=Oslo date=any seats=2", 2 / 3),  # unreadable date: no booking, but two slots booked right
+    ("Sure.\nBOOK city=Rome date=May 3 seats=any", 1 / 3),
+    ("BOOK city=Lisbon date=June 40 seats=7", 0.0),  # no slot names a value
+    ("I can help with that.", 0.0),
+])
+def test_partial_credit_rewards_each_slot_booked_right_when_the_booking_is_not(booking, partial):
+    _, strict = one(UserSimEnv(), "chatty", lambda turn: booking)
+    assert [r.name for r in strict.rewards] == ["success"]  # off by default: the reward is success alone
+    _, shaped = one(UserSimEnv(partial_credit=0.5), "chatty", lambda turn: booking)
+    success = strict.metrics["success"]
+    assert shaped.metrics == strict.metrics  # the metrics (and held-out success) stay strict
+    assert shaped.reward == pytest.approx(success + 0.5 * partial)
+    with pytest.raises(ValueError, match="partial_credit"):
+        UserSimEnv(partial_credit=2.0)
+
+
 def test_the_careful_assistant_always_succeeds_and_the_hasty_one_rarely():
     for menu_mode in (False, True):
         env = UserSimEnv(menu=menu_mode)

@@ -20,6 +20,11 @@ The user is scripted by default (``scripted_user``, untrained): bind ``[env.role
 endpoint to have a model play it from [`user_system_prompt`][multiagent_rl.envs.user_sim.user_system_prompt] (each
 persona's prompt).
 
+The assistant's reward is ``success`` (1 when the booking is the goal); with ``partial_credit`` > 0 a booking that
+is not fully right also earns ``slots``: ``partial_credit`` × the share of its slots that match the goal, each slot
+read on its own ([`booked_slots`][multiagent_rl.envs.user_sim.booking.booked_slots]), so a small model whose bookings
+are never all right still has a signal to follow.
+
 Metrics on the assistant's trace: ``success``, ``booked``, ``slots_right`` (share), ``user_turns``,
 ``ended_without_success``, ``persona_<p>`` and ``success_<p>`` (so that mean(success_p) / mean(persona_p) is the
 success rate per persona). On a model-played user's trace, how well it plays its part
@@ -40,6 +45,7 @@ from .booking import (
     UNKNOWN,
     Goal,
     asked_slots,
+    booked_slots,
     booking_text,
     latest_values,
     mentions,
@@ -97,7 +103,7 @@ class UserSimEnv(Env):
 
     def __init__(self, personas: list[str] | tuple[str, ...] = PERSONAS, max_turns: int = 6, menu: bool = False,
                  done_marker: str = DONE_MARKER, split: str = "train", assistant_tokens: int = 48,
-                 user_tokens: int = 96):
+                 user_tokens: int = 96, partial_credit: float = 0.0):
         unknown = [p for p in personas if p not in PERSONAS]
         if unknown or not personas:
             raise ValueError(f"personas {unknown or list(personas)}: choose from {', '.join(PERSONAS)}")
@@ -108,6 +114,9 @@ class UserSimEnv(Env):
         self.personas, self.max_turns, self.menu, self.done_marker = tuple(personas), max_turns, menu, done_marker
         self.goals = split_goals()[0 if split == "train" else 1]
         self.assistant_tokens, self.user_tokens = assistant_tokens, user_tokens
+        if not 0.0 <= partial_credit <= 1.0:
+            raise ValueError(f"partial_credit={partial_credit}: a share of the success reward, in [0, 1]")
+        self.partial_credit = partial_credit
 
     def sample_tasks(self, num: int, rng: random.Random) -> list[Task]:
         return [self.scenario(rng.choice(self.goals), rng.choice(self.personas), rng.randrange(2**31))
@@ -123,7 +132,7 @@ class UserSimEnv(Env):
         goal, persona = Goal(*task.data.info["goal"]), task.data.info["persona"]
         state = {"goal": goal, "persona": persona, "done_marker": self.done_marker, "assistant_said": None}
         user_said: list[str] = []
-        booking = None
+        booking, booked = None, {}
         async with agents["user"].interaction(task, max_new_tokens=self.user_tokens) as user:
             user_said.append(await user.send(state=dict(state)))
             assistant_task = Task(TaskData(prompt=user_said[0], system_prompt=ASSISTANT_SYSTEM))
@@ -135,18 +144,22 @@ class UserSimEnv(Env):
                     state["assistant_said"] = reply
                     user_said.append(await user.send(reply, state=dict(state)))
                     if wants_to_book(reply):
-                        booking = parse_booking(reply)
+                        booking, booked = parse_booking(reply), booked_slots(reply)
                         break
                     if self.done_marker in user_said[-1]:
                         break
-        self._score(it.trace, goal, persona, booking, user_turns=len(user_said))
+        self._score(it.trace, goal, persona, booking, user_turns=len(user_said), booked=booked)
         if user.trace.model not in (None, "scripted"):
             user.trace.metrics.update(user_conduct(user_said, goal))
 
-    def _score(self, trace, goal: Goal, persona: str, booking: Goal | None, user_turns: int):
+    def _score(self, trace, goal: Goal, persona: str, booking: Goal | None, user_turns: int,
+               booked: dict[str, str] | None = None):
         right = [booking is not None and booking.value(s) == goal.value(s) for s in SLOTS]
         success = float(all(right))
         trace.add_reward("success", success)
+        if self.partial_credit:  # a booking's slots right, each read on its own, while none is fully right
+            slots = sum((booked or {}).get(s) == goal.value(s) for s in SLOTS) / len(SLOTS)
+            trace.add_reward("slots", 0.0 if success else self.partial_credit * slots)
         trace.metrics.update(success=success, booked=float(booking is not None), slots_right=sum(right) / len(SLOTS),
                              user_turns=float(user_turns), ended_without_success=1.0 - success)
         trace.metrics.update({f"persona_{p}": float(p == persona) for p in self.personas})

@@ -76,6 +76,31 @@ def parse_booking(text: str) -> Goal | None:
     return Goal(m["city"], m["date"], int(m["seats"]))
 
 
+_SLOT_VALUE = {"city": re.compile(r"\bcity=([A-Za-z]+)"), "date": re.compile(r"\bdate=([A-Za-z]+(?: \d+)?)"),
+               "seats": re.compile(r"\bseats=(\d+)")}
+
+
+def booked_slots(text: str) -> dict[str, str]:
+    """Each slot of the last ``BOOK`` line in ``text`` that names a value, read on its own (a booking with one slot
+    unreadable still books the others): what partial credit compares with the goal.
+
+    ```pycon
+    >>> booked_slots("BOOK city=Oslo date=any seats=2")
+    {'city': 'Oslo', 'seats': '2'}
+
+    ```
+    """
+    if "BOOK" not in text:
+        return {}
+    line = text[text.rindex("BOOK"):].split("\n", 1)[0]
+    found = {}
+    for slot, pattern in _SLOT_VALUE.items():
+        m = pattern.search(line)
+        if m and (m[1] in CITIES if slot == "city" else m[1] in DATES if slot == "date" else int(m[1]) in SEATS):
+            found[slot] = m[1]
+    return found
+
+
 def wants_to_book(text: str) -> bool:
     """Whether ``text`` is a booking attempt (well-formed or not)."""
     return "BOOK" in text
