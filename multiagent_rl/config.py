@@ -198,6 +198,9 @@ class ModelConfig(_Strict):
     prefix_cache_mb: int = Field(1024, ge=0)
     """The transformers backend keeps up to this many MB of keys and values of the conversations so far, so a turn
     encodes only its new tokens (0: every prompt encoded whole)."""
+    continuous_batching: bool | None = None
+    """The transformers backend lets requests join a running decode between two tokens (None: for a model on a GPU
+    only; on a CPU it helps tool-using agents and slows a chat between two local models, docs/speed_results.md)."""
 
 
 class ExperimentConfig(_Strict):

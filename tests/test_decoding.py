@@ -227,3 +227,13 @@ def test_continuous_batching_is_on_by_default_for_a_model_on_a_gpu_only(tiny):
     assert not TransformersBackend(model, tok).continuous_batching  # on a CPU it was slower (docs/speed_results.md)
     if torch.cuda.is_available():
         assert TransformersBackend(copy.deepcopy(model).cuda(), tok).continuous_batching
+
+
+@pytest.mark.parametrize("setting", [True, False])
+def test_the_model_config_sets_continuous_batching_for_the_policy(setting):
+    from multiagent_rl.rollout import Orchestrator
+
+    orchestrator = Orchestrator.from_config({"model": {"name": "tiny", "continuous_batching": setting},
+                                             "env": [{"id": "kuhn_poker", "args": {"legal_choices": True}}]})
+    (backend,) = orchestrator.policies.values()
+    assert backend.continuous_batching is setting

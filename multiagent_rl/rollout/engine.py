@@ -9,9 +9,8 @@ task-group → environment map, the episode sink and the run's health checks. It
     episodes = orchestrator.play(step=0)        # played and checked on this process
     orchestrator.score(episodes)                 # group credit: per-token streams on the traces
 
-The trainer ([`multiagent_rl.training.trainer`][]) calls the same two methods every step, with a gather hook so group
-credit sees every process's episodes; a notebook or an evaluation uses it alone.
-"""
+The trainer ([`multiagent_rl.training.trainer`][]) calls the same two methods every step (a gather hook lets group
+credit see every process's episodes); a notebook or an evaluation uses it alone."""
 
 from __future__ import annotations
 
@@ -129,20 +128,20 @@ class Orchestrator:
 
     @classmethod
     def from_config(cls, experiment: ExperimentConfig | dict, **kwargs) -> Orchestrator:
-        """An orchestrator whose policy is ``[model] name`` loaded here, frozen (evaluation, notebooks); with
-        ``[policies]`` adapters, each policy a fresh adapter on it."""
+        """An orchestrator whose frozen policy ``[model] name`` is loaded here (``[policies]``: one adapter each)."""
         from ..models import load_model_and_tokenizer
         from ..models.adapters import add_adapters
         from ..policies import policy_lora
 
-        experiment = experiment if isinstance(experiment, ExperimentConfig) else ExperimentConfig.model_validate(
-            experiment)
+        experiment = ExperimentConfig.model_validate(experiment)
         model, tok = load_model_and_tokenizer(experiment.model.name, device=kwargs.get("device"))
-        names = experiment.policy_names()
+        names, options = experiment.policy_names(), experiment.model.model_dump(
+            include={"prefix_cache_mb", "continuous_batching"})
         if experiment.uses_adapters:
             model = add_adapters(model, {name: policy_lora(experiment, name) for name in names})
         policies = {name: TransformersBackend(model.eval(), tok, model_id="policy", policy_name=name,
-                                              adapter=name if experiment.uses_adapters else None) for name in names}
+                                              adapter=name if experiment.uses_adapters else None, **options)
+                    for name in names}
         return cls(experiment, policies[names[0]], policies=policies, policy_model=model, **kwargs)
 
     def take_snapshots(self, step: int) -> None:
