@@ -202,6 +202,11 @@ class ModelConfig(_Strict):
     """The transformers backend lets requests join a running decode between two tokens (None: for a model on a GPU
     only; on a CPU it helps tool-using agents and slows a chat between two local models, docs/speed_results.md)."""
 
+    @property
+    def decoding(self) -> dict[str, Any]:
+        """The transformers backend's decoding options, as its keyword arguments."""
+        return {"prefix_cache_mb": self.prefix_cache_mb, "continuous_batching": self.continuous_batching}
+
 
 class ExperimentConfig(_Strict):
     """Everything one training run needs."""

@@ -118,7 +118,6 @@ def check_policies(experiment) -> None:
     if experiment.uses_adapters:
         for name in experiment.policies:
             policy_lora(experiment, name)
-
     for env in experiment.env:
         for role, rc in env.roles.items():
             where = f"env {env.name or env.id!r} role {role!r}"

@@ -81,8 +81,7 @@ def build_policy_backend(model_config: Any, live_model: Any, tokenizer: Any, *, 
     (``EndpointBackend.check_server``); its context length is the one it reports."""
     if model_config.backend == "transformers":
         return TransformersBackend(live_model, tokenizer, model_id=POLICY, max_batch_size=max_batch_size,
-                                   prefix_cache_mb=model_config.prefix_cache_mb,
-                                   continuous_batching=model_config.continuous_batching)
+                                   **model_config.decoding)
     from ..models import resolve_model
 
     options = model_config.vllm

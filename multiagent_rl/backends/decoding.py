@@ -78,14 +78,12 @@ class Decoding:
                 cache.encoded_tokens += sum(len(r.prompt) - n for r, (n, _) in zip(rows, hits))
             mask, positions = mask.to(self.device), positions.to(self.device)
             if self._one_shot(rows, P):  # one-token replies (game moves): no cache to build, nothing decodes on
-                backend.num_forward_passes += 1
                 kv = None
-                logits = backend.model(input_ids=ids.to(self.device), attention_mask=mask, position_ids=positions,
-                                       use_cache=False, logits_to_keep=1).logits[:, -1].float()
+            elif backend.reusable_cache:
+                kv = batched_cache([kv for _, kv in hits], P, B, self.device)
             else:
-                kv = batched_cache([kv for _, kv in hits], P, B, self.device) if backend.reusable_cache else \
-                    DynamicCache(config=backend.model.config)
-                logits = self._forward(ids.to(self.device), mask, positions, kv)
+                kv = DynamicCache(config=backend.model.config)
+            logits = self._forward(ids.to(self.device), mask, positions, kv)
         if self.rows:
             self.kv, self.mask = merge_caches(self.kv, self.mask, kv, mask)
             self.positions = torch.cat([self.positions, positions[:, -1:]])
@@ -96,9 +94,12 @@ class Decoding:
 
     def _one_shot(self, rows: list[Row], reused: int) -> bool:
         """Whether ``rows`` finish after the token their prefill samples, with no keys or values to keep or read."""
-        cache = self.backend.prefix_cache
-        return self.params.max_new_tokens == 1 and not self.rows and not reused and (
-            cache is None or all(len(r.prompt) + 1 <= self.backend.prefix_min_tokens for r in rows))
+        return self.params.max_new_tokens == 1 and not self.rows and not reused and not any(
+            self._worth_keeping(len(r.prompt) + 1) for r in rows)
+
+    def _worth_keeping(self, tokens: int) -> bool:
+        """Whether a conversation of ``tokens`` tokens goes into the prefix cache once its reply is sampled."""
+        return self.backend.prefix_cache is not None and tokens > self.backend.prefix_min_tokens
 
     def step(self) -> None:
         backend = self.backend
@@ -109,10 +110,12 @@ class Decoding:
         self._sampled(logits, 0)
 
     def _forward(self, ids, mask, positions, kv) -> torch.Tensor:
+        """The last position's logits; ``kv`` None: a forward that keeps no cache."""
         backend = self.backend
         backend.num_forward_passes += 1
-        return backend.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                             logits_to_keep=1, **{backend.cache_argument: kv}).logits[:, -1].float()
+        cache = {} if kv is None else {backend.cache_argument: kv}
+        return backend.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=kv is not None,
+                             logits_to_keep=1, **cache).logits[:, -1].float()
 
     def _sampled(self, logits: torch.Tensor, first: int) -> None:
         """Record the tokens sampled from ``logits`` for rows ``first`` on, then deliver the rows that finished."""
@@ -131,7 +134,7 @@ class Decoding:
             if row.cancelled():
                 continue
             reply = backend.finish(row.tokens, row.logps, self.params)
-            if backend.prefix_cache is not None and len(row.prompt) + len(reply.token_ids) > backend.prefix_min_tokens:
+            if self._worth_keeping(len(row.prompt) + len(reply.token_ids)):
                 self._keep(j, row, reply.token_ids)
             row.deliver(reply)
         keep = [j for j in range(len(self.rows)) if j not in set(done)]

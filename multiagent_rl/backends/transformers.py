@@ -44,6 +44,7 @@ class TransformersBackend(TickBatcher):
     prefix_min_tokens = 128
     """Conversations shorter than this are not kept in the prefix cache: encoding them again costs less than keeping
     them (a game's one-line prompts)."""
+
     def __init__(self, model, tokenizer, model_id: str = "policy", max_batch_size: int = 256, gather_ticks: int = 3,
                  adapter: str | None = None, policy_name: str | None = None, prefix_cache_mb: int = 1024,
                  continuous_batching: bool | None = None):

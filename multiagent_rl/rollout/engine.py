@@ -135,12 +135,12 @@ class Orchestrator:
 
         experiment = ExperimentConfig.model_validate(experiment)
         model, tok = load_model_and_tokenizer(experiment.model.name, device=kwargs.get("device"))
-        names, options = experiment.policy_names(), experiment.model.model_dump(
-            include={"prefix_cache_mb", "continuous_batching"})
+        names = experiment.policy_names()
         if experiment.uses_adapters:
             model = add_adapters(model, {name: policy_lora(experiment, name) for name in names})
         policies = {name: TransformersBackend(model.eval(), tok, model_id="policy", policy_name=name,
-                                              adapter=name if experiment.uses_adapters else None, **options)
+                                              adapter=name if experiment.uses_adapters else None,
+                                              **experiment.model.decoding)
                     for name in names}
         return cls(experiment, policies[names[0]], policies=policies, policy_model=model, **kwargs)
 

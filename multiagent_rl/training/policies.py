@@ -92,8 +92,7 @@ class PoliciesMixin:
         if self.experiment.uses_adapters:
             return {name: TransformersBackend(policy, tokenizer, model_id="policy", adapter=name, policy_name=name,
                                               max_batch_size=args.max_concurrency,
-                                              prefix_cache_mb=self.experiment.model.prefix_cache_mb,
-                                              continuous_batching=self.experiment.model.continuous_batching)
+                                              **self.experiment.model.decoding)
                     for name in names}
         backend = build_policy_backend(self.experiment.model, policy, tokenizer, seed=args.seed,
                                        max_batch_size=args.max_concurrency, endpoints=self.experiment.endpoints)
@@ -109,8 +108,7 @@ class PoliciesMixin:
         live = self.accelerator.unwrap_model(self.model)
         return {name: TransformersBackend(live, self.tokenizer, model_id="policy", policy_name=name,
                                           adapter=name if self.experiment.uses_adapters else None,
-                                          prefix_cache_mb=self.experiment.model.prefix_cache_mb,
-                                          continuous_batching=self.experiment.model.continuous_batching)
+                                          **self.experiment.model.decoding)
                 for name in self.rollout.policies}
 
     def live_policy(self, name: str | None = None):

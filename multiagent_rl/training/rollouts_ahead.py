@@ -80,8 +80,7 @@ class RolloutsAhead:
                 self.futures[j] = self.pool.submit(self._play, j)
         episodes = self.futures.pop(step).result()
         with self.lock:
-            for done in [j for j in self.states if j < step]:
-                del self.states[done]
+            self._forget_states_before(step)
         return episodes, step - self.lags.pop(step)
 
     def publish(self, step: int) -> None:
@@ -94,9 +93,12 @@ class RolloutsAhead:
         """The orchestrator's state before rollout ``step`` drew its tasks (what a checkpoint taken before training
         step ``step`` must hold, although the thread may have played on since)."""
         with self.lock:
-            for done in [j for j in self.states if j < step]:
-                del self.states[done]
+            self._forget_states_before(step)
             return self.states[step] if step in self.states else self.orchestrator.state_dict()
+
+    def _forget_states_before(self, step: int) -> None:
+        for done in [j for j in self.states if j < step]:
+            del self.states[done]
 
     def _play(self, step: int) -> list[Episode]:
         with self.lock:
