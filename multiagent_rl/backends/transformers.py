@@ -69,12 +69,12 @@ class TransformersBackend(TickBatcher):
         self.reusable_cache = _reusable_cache(model)
         """Whether every layer attends to the whole sequence, so cached keys and values can be reused and batches merged
         (else each batch decodes alone with the cache the model's config asks for)."""
-        if continuous_batching is None:  # on a CPU the joins' copies and wider rows cost more than batching saves
+        if continuous_batching is None:  # on a CPU each join's copies cost about what batching saves: off by default
             continuous_batching = model_device(model).type == "cuda"
         self.continuous_batching = continuous_batching and self.reusable_cache
-        """Requests join a running decode between two tokens (default: for a model on a GPU; measured slower on a CPU,
-        docs/speed_results.md); False, and for a model whose cache cannot be merged: the requests of one tick are
-        decoded to the end together while later ones wait."""
+        """Requests join a running decode between two tokens (default: for a model on a GPU; on a CPU it depends on the
+        workload, docs/speed_results.md); False, and for a model whose cache cannot be merged: the requests of one tick
+        are decoded to the end together while later ones wait."""
         self.prefix_cache = PrefixCache(prefix_cache_mb << 20) if prefix_cache_mb and self.reusable_cache else None
         """The keys and values of the conversations so far (``prefix_cache_mb``; None: every prompt encoded whole, and
         for models with sliding-window or recurrent layers)."""
