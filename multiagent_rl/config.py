@@ -276,7 +276,17 @@ class ExperimentConfig(_Strict):
         """Whether the learners are LoRA adapters on one base named after the policies (several policies, or one
         ``[policies]`` entry with its own ``lora``); otherwise the one policy is trained as before (full model, or
         ``[model] lora`` through TRL's ``peft_config``)."""
-        return len(self.policies) > 1 or any(p.lora is not None for p in self.policies.values())
+        return not self.uses_full_models and (
+            len(self.policies) > 1 or any(p.lora is not None for p in self.policies.values()))
+
+    @property
+    def uses_full_models(self) -> bool:
+        """Whether each learner is a full model of its own (every ``[policies]`` entry names its ``model``)."""
+        return len(self.policies) > 1 and all(p.model is not None for p in self.policies.values())
+
+    def policy_base(self, name: str) -> str:
+        """The model learner ``name`` starts from: its own ``model``, else ``[model] name`` (which its adapter is on)."""
+        return self.policy_config(name).model or self.model.name
 
     def policy_of_seat(self, env: EnvConfig, role: str) -> str:
         """[`policy_of_seat`][multiagent_rl.policies.policy_of_seat]."""

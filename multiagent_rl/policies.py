@@ -1,8 +1,8 @@
 """Learners and their opponent pools, as the experiment config names them (``[policies.NAME]``, ``pool:NAME`` seats).
 
 A run without ``[policies]`` has one learner, ``"policy"``, trained as always (the full model, or ``[model] lora``).
-With several, each is a LoRA adapter on the shared base ``[model] name``, and each policy seat names its learner
-(``[env.roles.ROLE] policy = "NAME"``). A seat ``model = "pool:NAME"`` plays frozen past snapshots of learner NAME
+With several, each is a LoRA adapter on the shared base ``[model] name`` or, when every entry names its own ``model``,
+a full model of its own; each policy seat names its learner (``[env.roles.ROLE] policy = "NAME"``). A seat ``model = "pool:NAME"`` plays frozen past snapshots of learner NAME
 ([`multiagent_rl.rollout.pools`][]). The checks here run when the config loads, each error naming the key and the fix.
 """
 
@@ -39,11 +39,16 @@ class PoolSamplingConfig(_Strict):
 
 
 class PolicyConfig(_Strict):
-    """One learner (``[policies.NAME]``): a LoRA adapter on the shared base ``[model] name``, or, when it is the only
-    policy and has no adapter, the full model. Seats bind to it with ``policy = "NAME"``."""
+    """One learner (``[policies.NAME]``): a LoRA adapter on the shared base ``[model] name``; a full model of its own
+    (``model``); or, when it is the only policy and has neither, the run's one model. Seats bind to it with
+    ``policy = "NAME"``."""
 
     lora: dict[str, Any] | None = None
     """PEFT ``LoraConfig`` keyword arguments of this policy's adapter; default ``[model] lora``."""
+    model: str | None = None
+    """This policy's own full model, trained whole (``"tiny"``, a hub id or a local path: its starting weights); every
+    policy of the run then names one, all with the same tokenizer (e.g. a 135M proposer and a 360M solver of one
+    family, or two copies of one base). None: a LoRA adapter on ``[model] name``."""
     learning_rate: float | None = Field(None, gt=0)
     """This policy's learning rate; default ``[trainer] learning_rate`` (the scheduler scales each alike)."""
     snapshot_every: int = Field(0, ge=0)
@@ -112,9 +117,36 @@ def policy_of_seat(experiment, env, role: str) -> str:
     return named
 
 
+def check_full_models(experiment) -> None:
+    """Refuse ``[policies.NAME] model`` where the run cannot hold a full model per policy, naming the fix."""
+    own = [name for name, p in experiment.policies.items() if p.model is not None]
+    if not own:
+        return
+    if len(experiment.policies) == 1:
+        raise ValueError(f"[policies.{own[0]}] model: the only policy is the run's model; set [model] name = "
+                         f"{experiment.policies[own[0]].model!r} instead")
+    shared = [name for name in experiment.policies if name not in own]
+    if shared:
+        raise ValueError(f"[policies] {own} name their own full model and {shared} do not: a run's policies are all "
+                         f"LoRA adapters on [model] name or all full models; give [policies.{shared[0]}] a model "
+                         f"(e.g. model = {experiment.model.name!r}) or drop `model` from the others")
+    for name in own:
+        if experiment.policies[name].lora is not None:
+            raise ValueError(f"[policies.{name}]: `model` (a full model of its own, trained whole) and `lora` (an "
+                             "adapter on the shared base) exclude each other; keep one")
+    if experiment.model.lora is not None:
+        raise ValueError("[model] lora with full-model [policies]: each policy trains its whole model; drop [model] "
+                         "lora, or drop `model` from [policies] to train adapters on [model] name")
+    if experiment.model.backend == "vllm":
+        raise ValueError("[model] backend = 'vllm' with full-model [policies]: vLLM serves several policies as LoRA "
+                         "adapters of one base (drop `model` from [policies] and give each a `lora`), or sample "
+                         "full-model policies with backend = 'transformers'")
+
+
 def check_policies(experiment) -> None:
     """Refuse a config whose learners or pool seats cannot train, naming the key and the fix."""
     names = experiment.policy_names()
+    check_full_models(experiment)
     if experiment.uses_adapters:
         for name in experiment.policies:
             policy_lora(experiment, name)

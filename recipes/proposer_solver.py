@@ -48,7 +48,7 @@ def experiment(args) -> ExperimentConfig:
         game |= {"prompts": "instructed", "verify": True, "proposal_tokens": PROPOSAL_TOKENS,
                  "answer_tokens": ANSWER_TOKENS}
     menu = not args.free_text
-    separate = args.learners == "separate"  # proposer and solver: two LoRA adapters, each learning from its own seats
+    separate = args.learners == "separate"  # proposer and solver: two learners, each learning from its own seats
     bind = (lambda role: {"policy": role}) if separate else (lambda role: {})
     imitate = {"model": "scripted", "algo": {"type": "sft"}}
     uniform = {"model": "scripted", "policy": f"{ENV}:uniform_proposer"}
@@ -69,11 +69,11 @@ def experiment(args) -> ExperimentConfig:
                         "group_size": args.group_size,
                         "roles": {"proposer": {**imitate, "policy": f"{ENV}:uniform_proposer", **learner("proposer")},
                                   "solver": solver}})
-    if separate and not args.lora:
-        raise SystemExit("--learners separate trains two LoRA adapters on one base: give --lora R (e.g. --lora 16)")
+    # separate learners: two LoRA adapters on one base with --lora, else two full models
+    learners = {role: {} if args.lora else {"model": args.model} for role in ("proposer", "solver")}
     return ExperimentConfig.model_validate({
         "model": {"name": args.model, "lora": lora_config(args.lora)},
-        "policies": {"proposer": {}, "solver": {}} if separate else {},
+        "policies": learners if separate else {},
         "env": envs,
         "phase": warmup_then_rl(args.warmup_steps, ["proposer_solver_warmup"], ["curriculum", "uniform_probe"],
                                 args.warmup_lr),
@@ -158,8 +158,9 @@ def main(argv=None) -> dict:
     p.add_argument("--temperature", type=float, default=None,
                    help="sampling temperature of the policy (trained at it). Default 1; 0.7 with --free-text")
     p.add_argument("--learners", choices=("shared", "separate"), default="shared",
-                   help="shared: one policy plays proposer and solvers (default); separate: two LoRA adapters on one "
-                        "base (needs --lora), the proposer's trained only on proposals, the solver's on answers")
+                   help="shared: one policy plays proposer and solvers (default); separate: two learners, the "
+                        "proposer's trained only on proposals, the solver's on answers: two LoRA adapters on one "
+                        "base with --lora, else two full models")
     p.add_argument("--levels", type=int, nargs="+", default=[1, 2, 3, 4, 5, 6], help="the difficulty levels proposed")
     p.add_argument("--topic", default="addition", help="the kind of problem")
     p.add_argument("--solvers", type=int, default=4, help="solver attempts per proposal")

@@ -1,17 +1,18 @@
 """Helper of ``tests/test_policies.py::test_two_policies_on_two_processes_match_one_process`` (not a test module).
 
-Two LoRA policies (``alice`` plays player_0, ``bob`` player_1) trained for two steps on a fixed, hand-built rollout, so
-one process and two processes see the same data:
+Two LoRA policies (``alice`` plays player_0, ``bob`` player_1) — or, with ``--full-models``, two full models — trained
+for two steps on a fixed, hand-built rollout, so one process and two processes see the same data:
 
-    torchrun --nproc_per_node 2 tests/_two_policies_check.py OUT_DIR    # rank r trains on its share
-    python tests/_two_policies_check.py OUT_DIR                          # one process trains on all of it
+    torchrun --nproc_per_node 2 tests/_two_policies_check.py OUT_DIR [--full-models]  # rank r trains on its share
+    python tests/_two_policies_check.py OUT_DIR [--full-models]                        # one process trains on all
 
-Each rank writes ``OUT_DIR/rank{r}.pt``: both adapters' final weights, the logged losses and the model class the
-trainer wrapped.
+Each rank writes ``OUT_DIR/rank{r}.pt``: both policies' final weights (adapters or models), the logged losses and the
+model class the trainer wrapped.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import random
 import sys
@@ -47,12 +48,18 @@ def shares(step: int, world: int) -> list[list]:
     return [eps[r * size:(r + 1) * size] for r in range(world)]
 
 
-def main(out_dir: str) -> None:
+def main(out_dir: str, full_models: bool) -> None:
     os.makedirs(out_dir, exist_ok=True)
     model, tok = load_model_and_tokenizer("tiny", device="cpu")
     torch.manual_seed(0)  # the same adapter initialisation on every rank and in the one-process run
-    experiment = {"algo": {"type": "grpo"}, "policies": {"alice": {"lora": LORA}, "bob": {"lora": LORA}},
-                  "model": {"name": "tiny"},
+    policies = {name: {"model": "tiny"} if full_models else {"lora": LORA} for name in ("alice", "bob")}
+    if full_models:  # two different models (bob's weights moved), the same on every rank
+        bob = copy.deepcopy(model)
+        with torch.no_grad():
+            for p in bob.parameters():
+                p.add_(0.02 * torch.randn_like(p))
+        model = {"alice": model, "bob": bob}
+    experiment = {"algo": {"type": "grpo"}, "policies": policies, "model": {"name": "tiny"},
                   "env": [{"id": "kuhn_poker", "group_size": 4,
                            "roles": {"player_0": {"policy": "alice"}, "player_1": {"policy": "bob"}}}]}
     with tempfile.TemporaryDirectory() as tmp:
@@ -62,13 +69,13 @@ def main(out_dir: str) -> None:
         world, rank = trainer.accelerator.num_processes, trainer.accelerator.process_index
         feed(trainer, lambda step: shares(step, world)[rank])
         trainer.train()
-    peft_model = trainer.accelerator.unwrap_model(trainer.model)
+    live = trainer.accelerator.unwrap_model(trainer.model)
+    weights = {name: live[name].state_dict() if full_models else adapter_state(live, name) for name in ("alice", "bob")}
     torch.save({"world": world, "model_class": type(trainer.model_wrapped).__name__,
-                "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h],
-                "adapters": {name: adapter_state(peft_model, name) for name in ("alice", "bob")}},
+                "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h], "policies": weights},
                os.path.join(out_dir, f"rank{rank}.pt"))
     trainer.accelerator.end_training()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], "--full-models" in sys.argv[2:])

@@ -126,27 +126,31 @@ def test_a_recipe_pushes_its_model_and_its_traces(hub, tmp_path):
     assert hub.unhandled == []
 
 
-def test_each_of_several_policies_pushes_to_its_own_repository(hub, tmp_path):
+@pytest.mark.parametrize("kind", ["adapters", "full_models"])
+def test_each_of_several_policies_pushes_to_its_own_repository(hub, tmp_path, kind):
     from huggingface_hub import HfApi
 
     from multiagent_rl.training.run import publish
     from multiagent_rl.training.trainer import MixedAlgorithmTrainer
 
     lora = {"r": 4, "target_modules": "all-linear"}
+    policy = {"lora": lora} if kind == "adapters" else {"model": "tiny"}
     trainer = MixedAlgorithmTrainer({
-        "model": {"name": "tiny"}, "policies": {"alice": {"lora": lora}, "bob": {"lora": lora}},
+        "model": {"name": "tiny"}, "policies": {"alice": policy, "bob": policy},
         "env": [{"id": "kuhn_poker", "group_size": 2, "args": {"legal_choices": True},
                  "roles": {"player_0": {"policy": "alice"}, "player_1": {"policy": "bob"}}}],
         "trainer": {"max_steps": 1, "output_dir": str(tmp_path / "run"), "report_to": [], "save_strategy": "no"}})
     trainer.train()
     urls = publish(trainer, f"{FAKE_USER}/duo")
     assert set(urls) == {"traces", "model alice", "model bob"}
+    weights = ({"adapter_model.safetensors", "adapter_config.json"} if kind == "adapters"
+               else {"model.safetensors", "config.json"})
     for name in ("alice", "bob"):
         repo = f"{FAKE_USER}/duo-{name}"
         assert HfApi().model_info(repo).private
         files = hub.files(repo)
-        assert {"adapter_model.safetensors", "adapter_config.json", "README.md"} <= set(files)
+        assert weights | {"README.md", "tokenizer_config.json"} <= set(files)
         card = files["README.md"].decode()
         assert f"It is the policy `{name}`" in card and front_matter(card)["datasets"] == [f"{FAKE_USER}/duo-traces"]
-        assert front_matter(card)["library_name"] == "peft"
+        assert front_matter(card)["library_name"] == ("peft" if kind == "adapters" else "transformers")
     assert hub.unhandled == []

@@ -25,7 +25,7 @@ from multiagent_rl.training import loss as loss_module
 from multiagent_rl.training.collate import collate, trainable_samples
 from multiagent_rl.training.trainer import MixedAlgorithmTrainer
 
-from conftest import loss_and_grads, mixed_args
+from conftest import feed, loss_and_grads, mixed_args
 
 LORA = {"r": 4, "lora_alpha": 8, "target_modules": "all-linear", "init_lora_weights": False}
 
@@ -186,6 +186,156 @@ def test_each_policy_has_its_learning_rate_saves_on_its_own_and_resumes_exactly(
             assert sw["step"] == sr["step"] and torch.allclose(sw["exp_avg"], sr["exp_avg"], atol=1e-7)
 
 
+# -- full-model policies ----------------------------------------------------------------------------
+
+
+def full_models(legal_choices: bool = False, **policy_b) -> dict:
+    config = two_policies(**policy_b)
+    config["policies"] = {"alice": {"model": "tiny"}, "bob": {"model": "tiny", **policy_b}}
+    config["env"][0]["args"]["legal_choices"] = legal_choices  # free text: TRL's fused head on each policy's model
+    return config
+
+
+def two_models(tiny) -> dict:
+    """Two different models (bob's weights moved), so a mix-up of policies changes the numbers."""
+    model, _ = tiny
+    bob = copy.deepcopy(model)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in bob.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return {"alice": copy.deepcopy(model), "bob": bob}
+
+
+def full_trainer_for(experiment, tiny, tmp_path, **kw) -> MixedAlgorithmTrainer:
+    return MixedAlgorithmTrainer(experiment, args=mixed_args(tmp_path, groups_per_step=2, **kw),
+                                 model=two_models(tiny), processing_class=tiny[1])
+
+
+def test_full_model_policies_are_refused_where_they_cannot_train_with_the_fix():
+    ok = ExperimentConfig.model_validate(full_models())
+    assert ok.uses_full_models and not ok.uses_adapters and ok.policy_base("bob") == "tiny"
+
+    def refused(config, match):
+        with pytest.raises(pydantic.ValidationError, match=match):
+            ExperimentConfig.model_validate(config)
+
+    mixed = full_models()
+    del mixed["policies"]["bob"]["model"]
+    refused(mixed, r"\['alice'\] name their own full model and \['bob'\] do not: .* give \[policies.bob\] a model")
+    both = full_models()
+    both["policies"]["bob"]["lora"] = LORA
+    refused(both, r"\[policies.bob\]: `model` .* and `lora` .* exclude each other")
+    refused({**full_models(), "model": {"name": "tiny", "lora": LORA}}, r"\[model\] lora with full-model \[policies\]")
+    refused({**full_models(), "model": {"name": "tiny", "backend": "vllm"}},
+            r"vLLM serves several policies as LoRA adapters of one base")
+    refused({"policies": {"policy": {"model": "tiny"}}, "env": [{"id": "kuhn_poker"}]},
+            r"the only policy is the run's model; set \[model\] name = 'tiny' instead")
+
+
+def test_full_model_policies_need_one_tokenizer(tiny):
+    from multiagent_rl.models.policy_models import check_same_tokenizer
+
+    _, tok = tiny
+    other = copy.deepcopy(tok)
+    check_same_tokenizer(tok, other, ("alice", "tiny"), ("bob", "tiny"))
+    other.add_tokens(["<extra_token>"])
+    with pytest.raises(ValueError, match=r"\[policies.bob\] model = 'other' has another tokenizer than "
+                                         r"\[policies.alice\] model = 'tiny'"):
+        check_same_tokenizer(tok, other, ("alice", "tiny"), ("bob", "other"))
+
+
+def test_full_model_policies_train_only_on_their_own_traces_and_sum_to_two_single_model_runs(tmp_path, tiny):
+    from _two_policies_check import shares  # hand-built free-text episodes, rewards varying within each group
+
+    trainer = full_trainer_for(full_models(), tiny, tmp_path / "two")
+    feed(trainer, lambda step: shares(step, 1)[0])
+    batch = trainer._generate_and_score_completions(None)
+    samples = trainable_samples(trainer.rollout_step.local)
+    by_policy = {name: [s for s in samples if s.trace.policy == name] for name in ("alice", "bob")}
+    assert all(by_policy.values()) and len(samples) == sum(map(len, by_policy.values()))
+    live = trainer.accelerator.unwrap_model(trainer.model)
+    for name, backend in trainer.rollout.policies.items():  # each policy samples from its own model
+        assert backend.model is live[name] and backend.adapter is None
+    loss, grads = loss_and_grads(trainer, batch)
+    assert {n.split(".")[1] for n in grads} == {"alice", "bob"}
+
+    _, bob_only = loss_and_grads(trainer, batch_of(trainer, by_policy["bob"], 2))
+    assert not any(n.startswith("policies.alice.") for n, g in bob_only.items() if g.abs().max() > 0)
+    assert any(n.startswith("policies.bob.") and g.abs().max() > 0 for n, g in bob_only.items())
+
+    # the oracle: the single-model trainer (TRL's own path) with each policy's weights, on that policy's traces alone
+    single_config = {"model": {"name": "tiny"}, "algo": {"type": "grpo"},
+                     "env": [{"id": "kuhn_poker", "group_size": 4, "args": {"legal_choices": False}}]}
+    total, expected = 0.0, {}
+    for name in ("alice", "bob"):
+        model, tok = load_model_and_tokenizer("tiny")
+        model.load_state_dict(live[name].state_dict())
+        single = MixedAlgorithmTrainer(single_config, args=mixed_args(tmp_path / name, groups_per_step=2),
+                                       model=model, processing_class=tok)
+        single_loss, single_grads = loss_and_grads(single, batch_of(single, by_policy[name], 1))
+        total += single_loss
+        expected.update({f"policies.{name}.{n}": g for n, g in single_grads.items()})
+    assert torch.allclose(loss, total, atol=1e-6), (loss, total)
+    assert grads.keys() == expected.keys()
+    assert max((grads[n] - expected[n]).abs().max().item() for n in grads) < 1e-6
+
+
+def test_full_model_policies_have_their_learning_rates_save_on_their_own_and_resume_exactly(tmp_path, tiny):
+    experiment = full_models(legal_choices=True, learning_rate=3e-4)
+    run = dict(max_steps=2, save_strategy="steps", save_steps=1, save_episodes=True, learning_rate=1e-3,
+               lr_scheduler_type="constant", weight_decay=0.1)
+    whole = full_trainer_for(experiment, tiny, tmp_path / "whole", **run)
+    whole.train()
+    groups = [(g["lr"], g["weight_decay"]) for g in whole.optimizer.param_groups]
+    assert groups == [(1e-3, 0.1), (1e-3, 0.0), (3e-4, 0.1), (3e-4, 0.0)]  # per policy: with and without decay
+    whole.save_model(str(tmp_path / "final"))
+    live = whole.accelerator.unwrap_model(whole.model)
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    for name in ("alice", "bob"):  # each saved policy reloads by its folder as a model of its own
+        folder = tmp_path / "final" / name
+        card = (folder / "README.md").read_text()
+        assert "its own full model" in card and f"It is the policy `{name}`" in card and "library_name: transformers" in card
+        reloaded, _ = load_model_and_tokenizer(str(folder), device="cpu")
+        with torch.no_grad():
+            assert torch.allclose(reloaded(input_ids=ids).logits, live[name](input_ids=ids).logits, atol=1e-5), name
+    with torch.no_grad():
+        assert not torch.allclose(live["alice"](input_ids=ids).logits, live["bob"](input_ids=ids).logits, atol=1e-3)
+    traces = load_traces(tmp_path / "whole")
+    assert {(r["role"], r["policy"]) for r in traces} == {("player_0", "alice"), ("player_1", "bob")}
+
+    resumed = full_trainer_for(experiment, tiny, tmp_path / "resumed", **run)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "whole" / "checkpoint-1"))
+    final, again = whole.model.state_dict(), resumed.model.state_dict()
+    assert final.keys() == again.keys() and max((final[k] - again[k]).abs().max().item() for k in final) < 1e-6
+    for group_whole, group_resumed in zip(whole.optimizer.param_groups, resumed.optimizer.param_groups):
+        for p, q in zip(group_whole["params"], group_resumed["params"]):
+            sw, sr = whole.optimizer.state[p], resumed.optimizer.state[q]
+            assert sw["step"] == sr["step"] and torch.allclose(sw["exp_avg"], sr["exp_avg"], atol=1e-7)
+
+
+def test_a_full_model_policy_snapshots_its_own_model_and_rolls_out_ahead_from_a_copy(tmp_path, tiny):
+    pooled = full_models(legal_choices=True, snapshot_every=1)
+    pooled["env"][0]["roles"]["player_1"] = {"model": "pool:bob"}  # alice plays bob's past models; bob plays nothing
+    trainer = full_trainer_for(pooled, tiny, tmp_path / "pool", max_steps=2)
+    trainer.train()
+    live = trainer.accelerator.unwrap_model(trainer.model)
+    snapshots = trainer.rollout.pools["bob"].snapshots
+    assert [s.name for s in snapshots] == ["bob@0", "bob@1"]
+    for snapshot in snapshots:  # frozen copies of bob's model (bob never trains here), not alice's
+        state = snapshot.backend.model.state_dict()
+        assert all(torch.equal(state[k], v) for k, v in live["bob"].state_dict().items())
+        assert snapshot.backend.model is not live["bob"] and not any(
+            p.requires_grad for p in snapshot.backend.model.parameters())
+
+    ahead = full_trainer_for(full_models(legal_choices=True), tiny, tmp_path / "ahead", max_steps=2, async_rollouts=1)
+    live = ahead.accelerator.unwrap_model(ahead.model)
+    for name, backend in ahead.rollout.policies.items():  # each policy samples its own model's copy
+        assert backend.model is ahead.ahead.copy[name] and backend.model is not live[name]
+    ahead.train()
+    assert ahead.state.global_step == 2
+
+
 # -- opponent pools ---------------------------------------------------------------------------------
 
 
@@ -264,10 +414,11 @@ def test_snapshots_of_a_lora_policy_are_frozen_adapters_on_the_same_base(tmp_pat
     assert model.active_adapter == "policy"
 
 
-def test_two_policies_on_two_processes_match_one_process(tmp_path):
-    """torchrun (gloo, 2 CPU processes, DDP) vs 1 process on the same fixed rollout: every adapter ends with the same
-    weights on both ranks and as one process (the per-adapter forward passes bypass DDP's reducer; the gradients are
-    averaged once per step), and the logged losses agree."""
+@pytest.mark.parametrize("kind", ["adapters", "full_models"])
+def test_two_policies_on_two_processes_match_one_process(tmp_path, kind):
+    """torchrun (gloo, 2 CPU processes, DDP) vs 1 process on the same fixed rollout: every policy (adapter or full
+    model) ends with the same weights on both ranks and as one process (the per-policy forward passes bypass DDP's
+    reducer; the gradients are averaged once per step), and the logged losses agree."""
     import os
     import socket
     import subprocess
@@ -275,15 +426,16 @@ def test_two_policies_on_two_processes_match_one_process(tmp_path):
     from pathlib import Path
 
     script = str(Path(__file__).parent / "_two_policies_check.py")
+    flags = ["--full-models"] if kind == "full_models" else []
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     two = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
-                            "127.0.0.1", "--master_port", str(port), script, str(tmp_path / "two")], env=env,
+                            "127.0.0.1", "--master_port", str(port), script, str(tmp_path / "two"), *flags], env=env,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    one = subprocess.run([sys.executable, script, str(tmp_path / "one")], env=env, capture_output=True, text=True,
-                         timeout=300)
+    one = subprocess.run([sys.executable, script, str(tmp_path / "one"), *flags], env=env, capture_output=True,
+                         text=True, timeout=300)
     assert one.returncode == 0, one.stdout[-3000:] + one.stderr[-3000:]
     output, _ = two.communicate(timeout=300)
     assert two.returncode == 0, output[-4000:]
@@ -292,6 +444,6 @@ def test_two_policies_on_two_processes_match_one_process(tmp_path):
     assert [r["world"] for r in ranks] == [2, 2] and ranks[0]["model_class"] == "DistributedDataParallel"
     for name in ("alice", "bob"):
         for rank in ranks:
-            for key, value in single["adapters"][name].items():
-                assert torch.allclose(rank["adapters"][name][key], value, atol=1e-5), (name, key)
+            for key, value in single["policies"][name].items():
+                assert torch.allclose(rank["policies"][name][key], value, atol=1e-5), (name, key)
     assert ranks[0]["losses"] == pytest.approx(single["losses"], abs=1e-5)

@@ -123,6 +123,9 @@ def test_kuhn_opponents_and_proposer_solver_learners_bind_the_seats():
     assert bound == {("proposer_solver_warmup", "proposer"): "proposer", ("proposer_solver_warmup", "solver"): "solver",
                      ("curriculum", "proposer"): "proposer", ("curriculum", "solver"): "solver",
                      ("uniform_probe", "solver"): "solver"}
+    assert config.uses_adapters and not config.uses_full_models
+    full = proposer_solver.experiment(argparse.Namespace(**{**vars(ps), "lora": None}))  # no --lora: two full models
+    assert full.uses_full_models and [full.policy_base(n) for n in full.policy_names()] == ["tiny", "tiny"]
 
 
 def test_proposer_solver_free_text_drops_the_menu_and_checks_answers():

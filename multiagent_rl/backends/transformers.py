@@ -85,8 +85,9 @@ class TransformersBackend(TickBatcher):
             return token_logprobs(self.model, sequences, batch_size=16, allowed=allowed, temperatures=temperatures)
 
     def sync_weights(self, model) -> None:
-        if model is not self.model:
-            self.model.load_state_dict(model.state_dict())
+        if model is self.model or any(part is self.model for part in model.modules()):
+            return  # it samples the live module (or one policy's model in it): nothing to copy
+        self.model.load_state_dict(model.state_dict())
 
     def generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         """Sample one reply per prompt with ``params``: one batched forward pass per new token, each prompt's longest

@@ -243,13 +243,14 @@ def model_card_text(experiment, *, hub_model_id: str | None, results: str | None
 
     from ..config import env_labels
 
-    base = base_model_id(experiment.model.name)
-    license = license or base_model_license(experiment.model.name)
-    if license is None and experiment.model.name not in _UNLICENSED:  # once per model: a run writes several cards
-        _UNLICENSED.add(experiment.model.name)
+    name = experiment.policy_base(policy) if policy is not None else experiment.model.name
+    base = base_model_id(name)
+    license = license or base_model_license(name)
+    if license is None and name not in _UNLICENSED:  # once per model: a run writes several cards
+        _UNLICENSED.add(name)
         logger.warning("model card: the license of %s is unknown (its base model's card could not be read, e.g. "
                        "offline); the card leaves `license` out. Set trainer.model_card_license = '<the base "
-                       "model's license>' (e.g. 'llama3.2') before pushing.", experiment.model.name)
+                       "model's license>' (e.g. 'llama3.2') before pushing.", name)
     rows = []
     for label, env in zip(env_labels(experiment), experiment.env):
         for role in (seats or {}).get(label) or _env_seats(env):
@@ -264,14 +265,15 @@ def model_card_text(experiment, *, hub_model_id: str | None, results: str | None
                          license=license, pipeline_tag="text-generation", datasets=list(datasets) if datasets else None)
     origin = (f"a fine-tuned version of [{base}](https://huggingface.co/{base})" if base
               else "a fine-tuned version of the embedded tiny model of multiagent_rl (no Hub base model)"
-              if experiment.model.name == "tiny" else f"a fine-tuned version of the local model {experiment.model.name}")
+              if name == "tiny" else f"a fine-tuned version of the local model {name}")
     trained_on = (f"\n\nThe episodes it was trained on: {', '.join(f'[{d}](https://huggingface.co/datasets/{d})' for d in datasets)}."
                   if datasets else "")
     unlicensed = ("\n\n**License: not set.** The base model's license could not be read; set it (the base model's "
                   "terms apply to this model) before sharing." if license is None else "")
+    each = "its own full model" if experiment.uses_full_models else "a LoRA adapter on the same base model"
     policy_line = (f"\n\nIt is the policy `{policy}` of a run that trained {len(experiment.policy_names())} policies "
-                   f"({', '.join(f'`{n}`' for n in experiment.policy_names())}), each a LoRA adapter on the same base "
-                   "model, each trained only on its own seats." if policy is not None else "")
+                   f"({', '.join(f'`{n}`' for n in experiment.policy_names())}), each {each}, each trained only on "
+                   "its own seats." if policy is not None else "")
     content = f"""---
 {data.to_yaml()}
 ---

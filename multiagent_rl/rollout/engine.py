@@ -128,17 +128,23 @@ class Orchestrator:
 
     @classmethod
     def from_config(cls, experiment: ExperimentConfig | dict, **kwargs) -> Orchestrator:
-        """An orchestrator whose frozen policy ``[model] name`` is loaded here (``[policies]``: one adapter each)."""
+        """An orchestrator whose frozen policy ``[model] name`` is loaded here (``[policies]``: one adapter each, or
+        each policy's own ``model``)."""
         from ..models import load_model_and_tokenizer
         from ..models.adapters import add_adapters
+        from ..models.policy_models import load_policy_models
         from ..policies import policy_lora
 
         experiment = ExperimentConfig.model_validate(experiment)
-        model, tok = load_model_and_tokenizer(experiment.model.name, device=kwargs.get("device"))
-        names = experiment.policy_names()
+        names, full = experiment.policy_names(), experiment.uses_full_models
+        if full:
+            model, tok = load_policy_models(experiment, device=kwargs.get("device"))
+        else:
+            model, tok = load_model_and_tokenizer(experiment.model.name, device=kwargs.get("device"))
         if experiment.uses_adapters:
             model = add_adapters(model, {name: policy_lora(experiment, name) for name in names})
-        policies = {name: TransformersBackend(model.eval(), tok, model_id="policy", policy_name=name,
+        model.eval()
+        policies = {name: TransformersBackend(model[name] if full else model, tok, model_id="policy", policy_name=name,
                                               adapter=name if experiment.uses_adapters else None,
                                               **experiment.model.decoding)
                     for name in names}

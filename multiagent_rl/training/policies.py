@@ -1,14 +1,15 @@
-"""Several learners in one trainer: one LoRA adapter per ``[policies]`` entry on one frozen base model.
+"""Several learners in one trainer: one LoRA adapter per ``[policies]`` entry on one frozen base model, or one full
+model per entry ([`PolicyModels`][multiagent_rl.models.policy_models.PolicyModels], when each names its ``model``).
 
 Each collated row carries the policy that sampled it (``batch["policy"]``, from the trace's ``policy``); with several
 policies the trainer adds ``policy_index`` and the loss module counts every stream per policy, so each policy's loss
 is normalised as if it trained alone and the total is the sum of the single-policy losses
-([`add_global_counts`][multiagent_rl.training.loss.add_global_counts]). A micro-batch is scored one policy at a time
-with that policy's adapter active (PEFT runs one adapter per forward pass in training), so adapter A's gradient from
-B's rows is exactly zero; under DDP those forward passes bypass its reducer and the gradients are averaged over the
-processes once per optimizer step. One optimizer holds every adapter, one parameter group per policy with its own learning
-rate. Each policy saves to its own folder (``final_model/NAME``: adapter, tokenizer, model card), and checkpoints hold
-all of them.
+([`add_global_counts`][multiagent_rl.training.loss.add_global_counts]). A micro-batch is scored one policy at a time,
+with that policy's adapter active (PEFT runs one adapter per forward pass in training) or by that policy's model, so
+policy A's gradient from B's rows is exactly zero; under DDP those forward passes bypass its reducer and the gradients
+are averaged over the processes once per optimizer step. One optimizer holds every policy, with each policy's own
+learning rate on its parameter groups. Each policy saves to its own folder (``final_model/NAME``: adapter or model,
+tokenizer, model card), and checkpoints hold all of them.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 from ..backends import TransformersBackend, build_policy_backend
 from ..backends.base import DeferredWeightPush
 from ..models.adapters import add_adapters, use_adapter
+from ..models.policy_models import PolicyModels, policy_of_parameter
 from ..config import env_labels
 from ..policies import learner_of_seat, policy_lora
 from .logits import Scored
@@ -63,15 +65,41 @@ class PoliciesMixin:
     def several_policies(self) -> bool:
         return len(self.policy_names) > 1
 
-    def with_adapters(self, model):
+    @property
+    def saves_per_policy(self) -> bool:
+        """Whether each policy saves (and pushes) on its own: adapters, or full models of their own."""
+        return self.experiment.uses_adapters or self.experiment.uses_full_models
+
+    def with_adapters(self, model, tokenizer):
         """``(model, peft_config)`` for TRL: with adapters a ``PeftModel`` with one trainable adapter per policy, named
-        after it (and no ``peft_config``); else the model and ``[model] lora`` as a ``LoraConfig`` (or None)."""
+        after it (and no ``peft_config``); full-model policies their ``PolicyModels``, each told the tokenizer's pad
+        token (TRL tells the first); else the model and ``[model] lora`` as a ``LoraConfig`` (or None)."""
         from peft import LoraConfig
 
+        if self.experiment.uses_full_models:
+            if not isinstance(model, PolicyModels) or list(model.policies) != self.policy_names:
+                raise TypeError(f"full-model [policies] {self.policy_names} train one model each: pass model={{name: "
+                                "model}} in that order (or no model: each policy's `model` is loaded)")
+            pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+            for member in model.policies.values():
+                member.config.get_text_config().pad_token_id = pad
+                member.generation_config.pad_token_id = pad
+            return model, None
         if not self.experiment.uses_adapters:
             lora = self.experiment.model.lora
             return model, None if lora is None else LoraConfig(task_type="CAUSAL_LM", **lora)
         return add_adapters(model, {name: policy_lora(self.experiment, name) for name in self.policy_names}), None
+
+    def fuse_policy_heads(self) -> None:
+        """TRL gives the model it trains a fused LM head (per-token log-probs without the full logits), which its
+        scoring pass calls; full-model policies: give it to each policy's model, the ones that are scored."""
+        if not self.experiment.uses_full_models:
+            return
+        from trl.trainer.utils import add_fused_lm_head
+
+        for member in self.accelerator.unwrap_model(self.model).policies.values():
+            add_fused_lm_head(member, temperature=self.temperature, cast_lm_head_to_fp32=self.args.cast_lm_head_to_fp32,
+                              outputs=("log_probs", "entropy"))
 
     def policy_backends(self, policy, tokenizer) -> dict:
         """Per policy, the backend its seats sample from: with adapters, the live model with that adapter active
@@ -89,15 +117,25 @@ class PoliciesMixin:
             for name, backend in backends.items():
                 backend.policy_name = name
             return backends
-        if self.experiment.uses_adapters:
-            return {name: TransformersBackend(policy, tokenizer, model_id="policy", adapter=name, policy_name=name,
-                                              max_batch_size=args.max_concurrency,
-                                              **self.experiment.model.decoding)
+        if self.experiment.uses_adapters or self.experiment.uses_full_models:
+            return {name: self._backend_of(policy, name, tokenizer, max_batch_size=args.max_concurrency)
                     for name in names}
         backend = build_policy_backend(self.experiment.model, policy, tokenizer, seed=args.seed,
                                        max_batch_size=args.max_concurrency, endpoints=self.experiment.endpoints)
         backend.policy_name = names[0]
         return {names[0]: backend}
+
+    def _module_and_adapter(self, policy, name: str):
+        """What runs policy ``name`` in the live ``policy`` module: its own model, or the base with its adapter."""
+        if self.experiment.uses_full_models:
+            return policy[name], None
+        return policy, name if self.experiment.uses_adapters else None
+
+    def _backend_of(self, policy, name: str, tokenizer, **kwargs) -> TransformersBackend:
+        """A transformers backend sampling policy ``name`` of the live ``policy`` module."""
+        module, adapter = self._module_and_adapter(policy, name)
+        return TransformersBackend(module, tokenizer, model_id="policy", adapter=adapter, policy_name=name,
+                                   **self.experiment.model.decoding, **kwargs)
 
     @functools.cached_property
     def live_policies(self) -> dict:
@@ -106,10 +144,7 @@ class PoliciesMixin:
         if self.ahead is None:
             return self.rollout.policies
         live = self.accelerator.unwrap_model(self.model)
-        return {name: TransformersBackend(live, self.tokenizer, model_id="policy", policy_name=name,
-                                          adapter=name if self.experiment.uses_adapters else None,
-                                          **self.experiment.model.decoding)
-                for name in self.rollout.policies}
+        return {name: self._backend_of(live, name, self.tokenizer) for name in self.rollout.policies}
 
     def live_policy(self, name: str | None = None):
         """The backend on the live weights of policy ``name`` (default: the first), for evaluations between steps (a
@@ -146,20 +181,22 @@ class PoliciesMixin:
         batch["policy_index"] = torch.tensor([names.index(p) for p in learners], device=batch["completion_ids"].device)
 
     def score_policies(self, model, batch: dict, compute_entropy: bool = False, need_logits: bool = False) -> Scored:
-        """The scorer's per-token logprobs (and entropies) of ``batch``, each row under its own policy's adapter."""
+        """The scorer's per-token logprobs (and entropies) of ``batch``, each row under its own policy's adapter or
+        by its own policy's model."""
         if "policy_index" not in batch:
             return self.scorer.score(model, batch, compute_entropy=compute_entropy, need_logits=need_logits)
-        # One forward pass per adapter, on the unwrapped module: DDP's reducer expects one forward per backward, so
+        # One forward pass per policy, on the unwrapped module: DDP's reducer expects one forward per backward, so
         # under DDP the gradients are all-reduced once per optimizer step instead (`_sync_policy_grads`).
-        peft_model = self.accelerator.unwrap_model(model)
+        live = self.accelerator.unwrap_model(model)
         index = batch["policy_index"]
         logps = entropies = None
         for k, name in enumerate(self.policy_names):
             rows = (index == k).nonzero().squeeze(1)
             if not len(rows):
                 continue
-            with use_adapter(peft_model, name):
-                part = self.scorer.score(peft_model, _rows(batch, rows), compute_entropy=compute_entropy)
+            module, adapter = self._module_and_adapter(live, name)
+            with use_adapter(module, adapter):
+                part = self.scorer.score(module, _rows(batch, rows), compute_entropy=compute_entropy)
             if logps is None:
                 logps = part.logps.new_zeros(batch["completion_ids"].shape)
                 entropies = part.logps.new_zeros(batch["completion_ids"].shape) if compute_entropy else None
@@ -192,29 +229,35 @@ class PoliciesMixin:
         return super()._get_grad_norm(model, grad_norm=grad_norm)
 
     def create_optimizer(self, model=None):
-        """TRL's optimizer, or with adapters one parameter group per policy at its own learning rate."""
-        if not self.experiment.uses_adapters or self.optimizer is not None:
+        """TRL's optimizer, or with several policies their parameter groups at each policy's own learning rate: one
+        per adapter; a full model's two (with and without weight decay, as the Trainer splits them)."""
+        if not self.saves_per_policy or self.optimizer is not None:
             return super().create_optimizer(model)
         from transformers import Trainer
 
         opt_model = self.model if model is None else model
-        names = self.policy_names
-        groups = {name: [] for name in names}
+        names, full = self.policy_names, self.experiment.uses_full_models
+        owner_of = policy_of_parameter if full else _policy_of_parameter
+        decay = set(self.get_decay_parameter_names(opt_model)) if full else None
+        groups: dict[tuple[str, bool], list] = {(name, True): [] for name in names}
+        if full:
+            groups.update({(name, False): [] for name in names})
         for pname, param in opt_model.named_parameters():
-            owner = _policy_of_parameter(pname, names)
+            owner = owner_of(pname, names)
             if param.requires_grad and owner is not None:
-                groups[owner].append(param)
+                groups[owner, not full or pname in decay].append(param)
         optimizer_cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(self.args, opt_model)
         self.optimizer = optimizer_cls(
-            [{"params": groups[name], "weight_decay": self.args.weight_decay,
-              "lr": self.experiment.policy_config(name).learning_rate or self.args.learning_rate} for name in names],
-            **kwargs)
+            [{"params": params, "weight_decay": self.args.weight_decay if decays else 0.0,
+              "lr": self.experiment.policy_config(name).learning_rate or self.args.learning_rate}
+             for (name, decays), params in sorted(groups.items(), key=lambda kv: (names.index(kv[0][0]), not kv[0][1]))
+             if params], **kwargs)
         return self.optimizer
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False):
-        """With adapters: every policy in its own folder ``output_dir/NAME`` (adapter, tokenizer and, for a folder
-        saved on request, its model card); else the single-policy ``save_model``."""
-        if not self.experiment.uses_adapters:
+        """With several policies: every policy in its own folder ``output_dir/NAME`` (adapter or full model,
+        tokenizer and, for a folder saved on request, its model card); else the single-policy ``save_model``."""
+        if not self.saves_per_policy:
             return super().save_model(output_dir, _internal_call)
         from ..data.hub import base_model_id, fix_adapter_base
 
@@ -225,7 +268,10 @@ class PoliciesMixin:
         model = self.accelerator.unwrap_model(self.model)
         for name in self.policy_names:
             target = os.path.join(folder, name)
-            model.save_pretrained(folder, selected_adapters=[name])  # PEFT writes a named adapter to folder/name
+            if self.experiment.uses_full_models:
+                model[name].save_pretrained(target)
+            else:
+                model.save_pretrained(folder, selected_adapters=[name])  # PEFT writes a named adapter to folder/name
             self.processing_class.save_pretrained(target)
             fix_adapter_base(target, base_model_id(self.experiment.model.name), trained_on=self.experiment.model.name)
             if not _internal_call:
@@ -234,8 +280,8 @@ class PoliciesMixin:
         torch.save(self.args, os.path.join(folder, "training_args.bin"))
 
     def push_policies(self, repo: str, private: bool = True) -> dict[str, str]:
-        """With adapters: every policy to its own Hub repository ``REPO-NAME`` (its adapter, tokenizer and model card,
-        saved first); returns the repository ids by policy."""
+        """With several policies: every policy to its own Hub repository ``REPO-NAME`` (its adapter or model,
+        tokenizer and model card, saved first); returns the repository ids by policy."""
         from huggingface_hub import HfApi
 
         folder = os.path.join(self.args.output_dir, "final_model")
@@ -248,7 +294,19 @@ class PoliciesMixin:
         return pushed
 
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
-        """With adapters: every policy's adapter from ``checkpoint/NAME``; else the Trainer's own loading."""
+        """With several policies: every policy's adapter or model from ``checkpoint/NAME``; else the Trainer's own
+        loading."""
+        if self.experiment.uses_full_models:
+            live = self.accelerator.unwrap_model(model if model is not None else self.model)
+            for name in self.policy_names:
+                folder = os.path.join(resume_from_checkpoint, name)
+                if not os.path.exists(os.path.join(folder, "config.json")):
+                    raise ValueError(f"{resume_from_checkpoint} has no model of policy {name!r} ({folder}): it was "
+                                     "saved by a run with other [policies]")
+                member = live[name]  # from_pretrained reads shards and tied weights as they were saved
+                saved = type(member).from_pretrained(folder, dtype=next(member.parameters()).dtype)
+                member.load_state_dict(saved.state_dict())
+            return None
         if not self.experiment.uses_adapters:
             return super()._load_from_checkpoint(resume_from_checkpoint, model)
         from peft import set_peft_model_state_dict

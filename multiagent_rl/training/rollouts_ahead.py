@@ -31,8 +31,8 @@ from ..rollout.engine import RolloutStep
 class RolloutsAhead:
     """Plays the rollouts of the next ``max_lag`` steps in a background thread (see the module docstring).
 
-    ``policies`` are the orchestrator's policy backends; those that sample the live model are moved onto the copy,
-    and every other one (a vLLM engine or server) is handed the copy's weights before each rollout.
+    ``policies`` are the orchestrator's policy backends; those that sample the live model (or a model in it) are moved
+    onto the copy, and every other one (a vLLM engine or server) is handed the copy's weights before each rollout.
     """
 
     def __init__(self, orchestrator, live_model: Any, max_lag: int, max_steps: int):
@@ -45,9 +45,12 @@ class RolloutsAhead:
         self.copy = copy.deepcopy(live_model).eval()
         for p in self.copy.parameters():
             p.requires_grad_(False)
-        for backend in orchestrator.policies.values():
-            if getattr(backend, "model", None) is live_model:
-                backend.model = self.copy
+        copies = dict(self.copy.named_modules())
+        for backend in orchestrator.policies.values():  # the live module or, full-model policies, one model in it
+            path = next((path for path, module in live_model.named_modules()
+                         if module is getattr(backend, "model", None)), None)
+            if path is not None:
+                backend.model = copies[path]
         self.trained = [name for name, p in live_model.named_parameters() if p.requires_grad]
         self.copy_params = dict(self.copy.named_parameters())
         self.published: tuple[int, dict[str, torch.Tensor]] | None = None

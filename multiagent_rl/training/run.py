@@ -97,7 +97,7 @@ def publish(trainer: MixedAlgorithmTrainer, repo: str, *, public: bool = False) 
         urls["traces"] = push_traces(load_traces(folder), f"{repo}-traces", private=not public,
                                      produced_by=trainer.command)
         trainer.model_card_datasets = [f"{repo}-traces"]
-    if trainer.experiment.uses_adapters:  # one repository per policy, REPO-NAME
+    if trainer.saves_per_policy:  # one repository per policy, REPO-NAME
         for name, repo_id in trainer.push_policies(repo, private=not public).items():
             urls[f"model {name}"] = f"{constants.ENDPOINT}/{repo_id}"
         return urls

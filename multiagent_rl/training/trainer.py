@@ -26,6 +26,7 @@ from ..config import ExperimentConfig
 from ..data.traces import episode_sink
 from ..episodes.episode import Episode
 from ..models import load_model_and_tokenizer
+from ..models.policy_models import PolicyModels, load_policy_models
 from ..rollout.engine import Orchestrator, RolloutStep
 from ..rollout.health import RunHealth, RunStopped
 from . import loss as loss_module
@@ -65,20 +66,30 @@ class MixedAlgorithmTrainer(PoliciesMixin, PublishingMixin, GRPOTrainer):
 
     def __init__(self, config: ExperimentConfig | dict, args: MixedAlgorithmConfig | None = None, model=None,
                  processing_class=None, callbacks=None):
+        """``model``: the policy to train (default: loaded from ``[model] name``, or each full-model policy's
+        ``model``), given with its tokenizer as ``processing_class``; for full-model ``[policies]`` a dict
+        ``{name: model}`` in the config's order."""
         experiment = config if isinstance(config, ExperimentConfig) else ExperimentConfig.model_validate(config)
         self.experiment = experiment
         self.model_card_results: str | None = None
         """Markdown results for the model card (recipes set it, e.g. the exploitability table)."""
         args = args or MixedAlgorithmConfig(**{"output_dir": "outputs/mixed", **experiment.trainer})
-        if model is None:
-            model, tok = load_model_and_tokenizer(experiment.model.name, device="cpu" if args.use_cpu else None)
+        device = "cpu" if args.use_cpu else None
+        if model is None and experiment.uses_full_models:
+            model, tok = load_policy_models(experiment, device=device)
+            processing_class = processing_class or tok
+        elif model is None:
+            model, tok = load_model_and_tokenizer(experiment.model.name, device=device)
             processing_class = processing_class or tok
         elif processing_class is None:
             raise ValueError("Pass processing_class (the tokenizer) together with a model object")
-        model, peft_config = self.with_adapters(model)
+        elif isinstance(model, dict):  # full-model policies, each given as an object
+            model = PolicyModels(model)
+        model, peft_config = self.with_adapters(model, processing_class)
         super().__init__(model=model, reward_funcs=_rewards_come_from_environments, args=args,
                          train_dataset=Dataset.from_dict({"prompt": [""] * 1024}), processing_class=processing_class,
                          callbacks=callbacks, peft_config=peft_config)
+        self.fuse_policy_heads()
         if self.pop_callback(ProgressCallback) is not None:
             self.add_callback(ConsoleProgressCallback)
         if self.pop_callback(PrinterCallback) is not None:
