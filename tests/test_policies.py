@@ -233,6 +233,17 @@ def test_full_model_policies_are_refused_where_they_cannot_train_with_the_fix():
             r"the only policy is the run's model; set \[model\] name = 'tiny' instead")
 
 
+def test_the_rollout_engine_loads_each_full_model_policy_on_its_own():
+    from multiagent_rl.rollout.engine import Orchestrator
+
+    engine = Orchestrator.from_config(full_models(legal_choices=True))
+    alice, bob = engine.policies["alice"], engine.policies["bob"]
+    assert alice.model is engine.policy_model["alice"] and bob.model is engine.policy_model["bob"]
+    assert alice.model is not bob.model and alice.adapter is None
+    episodes = engine.play(0)
+    assert {(t.role, t.policy) for ep in episodes for t in ep.traces} == {("player_0", "alice"), ("player_1", "bob")}
+
+
 def test_full_model_policies_need_one_tokenizer(tiny):
     from multiagent_rl.models.policy_models import check_same_tokenizer
 

@@ -66,13 +66,26 @@ def test_env_labels_are_the_env_id_and_its_warmup():
     assert labels(ExperimentConfig.model_validate(leduc_poker.experiment(leduc))) == ["leduc_poker_warmup",
                                                                                       "leduc_poker"]
     users = argparse.Namespace(**common, patience=0.3, max_turns=6, log_every=1, free_text=False, user="scripted",
-                               user_temperature=0.7, reply_tokens=24, temperature=1.0, partial_credit=0.0)
+                               user_temperature=0.7, reply_tokens=24, temperature=1.0, partial_credit=0.0,
+                               learners="shared")
     assert labels(user_sim.experiment(users)) == ["user_sim_warmup", "user_sim"]
     users.user = "model"  # a model-played user in RL; the warm-up imitates its teacher against the scripted user
     users.partial_credit = 0.5  # --partial-credit reaches the env
     warm, rl = user_sim.experiment(users).env
     assert warm.roles["user"].model == "scripted" and rl.roles["user"].model == "tiny" and not rl.roles["user"].trainable
     assert rl.args["partial_credit"] == 0.5
+    users.user = "trained"  # the policy plays the user too, rewarded as a user
+    shared = user_sim.experiment(users)
+    assert shared.env[1].roles["user"].model == "policy" and shared.env[1].roles["user"].trainable
+    assert shared.env[1].args["user_reward"] and not shared.env[0].args.get("user_reward")
+    users.learners = "separate"  # two learners: full models without --lora
+    separate = user_sim.experiment(users)
+    assert separate.uses_full_models and separate.policy_names() == ["assistant", "user"]
+    assert [separate.policy_of_seat(separate.env[1], r) for r in ("assistant", "user")] == ["assistant", "user"]
+    assert separate.env[0].roles["assistant"].learner == "assistant"
+    users.user = "model"
+    with pytest.raises(SystemExit, match="--user trained"):
+        user_sim.experiment(users)
     ps = argparse.Namespace(**common, levels=[1, 2], topic="addition", solvers=2, proposer="trained",
                             probe_weight=0.25, warmup_solver_accuracy=0.3, entropy_coef=0.0, log_every=1, save_every=0,
                             free_text=False, temperature=1.0, learners="shared")

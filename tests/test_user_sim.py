@@ -132,6 +132,25 @@ def test_partial_credit_rewards_each_slot_booked_right_when_the_booking_is_not(b
         UserSimEnv(partial_credit=2.0)
 
 
+@pytest.mark.parametrize("opening, in_character", [
+    ("I need a booking, please.", 1.0),
+    ("I want to book 2 seats to Oslo on May 3.", 0.0),  # quotes its hidden goal as the prompt words it
+    ("Hello! How can I help you today?", 0.0),  # talks as the assistant
+])
+@pytest.mark.parametrize("assistant, goal_met", [(careful_assistant(), 1.0), (lambda turn: "BOOK city=Rome date=May 3 "
+                                                                                          "seats=2", 0.0)])
+def test_a_trained_user_is_rewarded_for_keeping_to_its_part_and_getting_its_goal(opening, in_character, assistant,
+                                                                                 goal_met):
+    def user(turn):
+        return opening if turn.state["assistant_said"] is None else scripted_user()(turn)
+
+    untrained, _ = one(UserSimEnv(), "terse", assistant, user_policy=user)
+    assert untrained.rewards == []  # without user_reward the user's trace has no reward
+    trained, assistant_trace = one(UserSimEnv(user_reward=True), "terse", assistant, user_policy=user)
+    assert {r.name: r.value for r in trained.rewards} == {"in_character": in_character, "goal_met": goal_met}
+    assert assistant_trace.metrics["success"] == goal_met and trained.reward == in_character + goal_met
+
+
 def test_the_careful_assistant_always_succeeds_and_the_hasty_one_rarely():
     for menu_mode in (False, True):
         env = UserSimEnv(menu=menu_mode)

@@ -81,6 +81,30 @@ def policy_of_parameter(name: str, policies: list[str]) -> str | None:
     return parts[1] if len(parts) > 2 and parts[0] == "policies" and parts[1] in policies else None
 
 
+def policy_part(experiment, module, name: str) -> tuple[Any, str | None]:
+    """What runs learner ``name`` inside the module that holds the run's learners: ``(model, adapter)`` — its own
+    model (full-model policies), the shared base with its adapter active, or the one model."""
+    if experiment.uses_full_models:
+        return module[name], None
+    return module, name if experiment.uses_adapters else None
+
+
+def load_policies(experiment, device=None) -> tuple[Any, Any]:
+    """The run's learners as they start, in the module that holds them (``[model] name``; with ``[policies]`` one
+    adapter each, or each policy's own ``model``), and the tokenizer; [`policy_part`][multiagent_rl.models.policy_models.policy_part]
+    finds each learner in it."""
+    from . import load_model_and_tokenizer
+    from .adapters import add_adapters
+    from ..policies import policy_lora
+
+    if experiment.uses_full_models:
+        return load_policy_models(experiment, device=device)
+    model, tokenizer = load_model_and_tokenizer(experiment.model.name, device=device)
+    if experiment.uses_adapters:
+        model = add_adapters(model, {name: policy_lora(experiment, name) for name in experiment.policy_names()})
+    return model, tokenizer
+
+
 def load_policy_models(experiment, device=None) -> tuple[PolicyModels, Any]:
     """Every learner's own model (``[policies.NAME] model``) in one [`PolicyModels`][multiagent_rl.models.policy_models.PolicyModels],
     and the tokenizer they share (refused, naming both, when two policies' tokenizers differ)."""
@@ -109,4 +133,5 @@ def check_same_tokenizer(tokenizer, other, first: tuple[str, str], second: tuple
                          "model family, e.g. SmolLM2-135M and SmolLM2-360M); use models with the same tokenizer")
 
 
-__all__ = ["PolicyModels", "check_same_tokenizer", "load_policy_models", "policy_of_parameter"]
+__all__ = ["PolicyModels", "check_same_tokenizer", "load_policies", "load_policy_models", "policy_of_parameter",
+           "policy_part"]

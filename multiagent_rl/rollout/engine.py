@@ -130,24 +130,15 @@ class Orchestrator:
     def from_config(cls, experiment: ExperimentConfig | dict, **kwargs) -> Orchestrator:
         """An orchestrator whose frozen policy ``[model] name`` is loaded here (``[policies]``: one adapter each, or
         each policy's own ``model``)."""
-        from ..models import load_model_and_tokenizer
-        from ..models.adapters import add_adapters
-        from ..models.policy_models import load_policy_models
-        from ..policies import policy_lora
+        from ..models.policy_models import load_policies, policy_part
 
         experiment = ExperimentConfig.model_validate(experiment)
-        names, full = experiment.policy_names(), experiment.uses_full_models
-        if full:
-            model, tok = load_policy_models(experiment, device=kwargs.get("device"))
-        else:
-            model, tok = load_model_and_tokenizer(experiment.model.name, device=kwargs.get("device"))
-        if experiment.uses_adapters:
-            model = add_adapters(model, {name: policy_lora(experiment, name) for name in names})
+        names = experiment.policy_names()
+        model, tok = load_policies(experiment, device=kwargs.get("device"))
         model.eval()
-        policies = {name: TransformersBackend(model[name] if full else model, tok, model_id="policy", policy_name=name,
-                                              adapter=name if experiment.uses_adapters else None,
+        policies = {name: TransformersBackend(part, tok, model_id="policy", policy_name=name, adapter=adapter,
                                               **experiment.model.decoding)
-                    for name in names}
+                    for name in names for part, adapter in [policy_part(experiment, model, name)]}
         return cls(experiment, policies[names[0]], policies=policies, policy_model=model, **kwargs)
 
     def take_snapshots(self, step: int) -> None:

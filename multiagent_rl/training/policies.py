@@ -22,7 +22,7 @@ import torch
 from ..backends import TransformersBackend, build_policy_backend
 from ..backends.base import DeferredWeightPush
 from ..models.adapters import add_adapters, use_adapter
-from ..models.policy_models import PolicyModels, policy_of_parameter
+from ..models.policy_models import PolicyModels, load_policy_models, policy_of_parameter, policy_part
 from ..config import env_labels
 from ..policies import learner_of_seat, policy_lora
 from .logits import Scored
@@ -69,6 +69,24 @@ class PoliciesMixin:
     def saves_per_policy(self) -> bool:
         """Whether each policy saves (and pushes) on its own: adapters, or full models of their own."""
         return self.experiment.uses_adapters or self.experiment.uses_full_models
+
+    def policy_to_train(self, model, tokenizer, use_cpu: bool = False):
+        """``(model, tokenizer, peft_config)`` for TRL: ``model`` (a dict ``{name: model}`` for full-model policies)
+        or, when None, the config's (``[model] name``, or each policy's own ``model``), made ready by ``with_adapters``."""
+        from ..models import load_model_and_tokenizer
+
+        device = "cpu" if use_cpu else None
+        if model is None:
+            full = self.experiment.uses_full_models  # adapters are added below, with TRL's peft_config for one
+            model, loaded = (load_policy_models(self.experiment, device=device) if full
+                             else load_model_and_tokenizer(self.experiment.model.name, device=device))
+            tokenizer = tokenizer or loaded
+        elif tokenizer is None:
+            raise ValueError("Pass processing_class (the tokenizer) together with a model object")
+        elif isinstance(model, dict):  # full-model policies, each given as an object
+            model = PolicyModels(model)
+        model, peft_config = self.with_adapters(model, tokenizer)
+        return model, tokenizer, peft_config
 
     def with_adapters(self, model, tokenizer):
         """``(model, peft_config)`` for TRL: with adapters a ``PeftModel`` with one trainable adapter per policy, named
@@ -125,15 +143,9 @@ class PoliciesMixin:
         backend.policy_name = names[0]
         return {names[0]: backend}
 
-    def _module_and_adapter(self, policy, name: str):
-        """What runs policy ``name`` in the live ``policy`` module: its own model, or the base with its adapter."""
-        if self.experiment.uses_full_models:
-            return policy[name], None
-        return policy, name if self.experiment.uses_adapters else None
-
     def _backend_of(self, policy, name: str, tokenizer, **kwargs) -> TransformersBackend:
         """A transformers backend sampling policy ``name`` of the live ``policy`` module."""
-        module, adapter = self._module_and_adapter(policy, name)
+        module, adapter = policy_part(self.experiment, policy, name)
         return TransformersBackend(module, tokenizer, model_id="policy", adapter=adapter, policy_name=name,
                                    **self.experiment.model.decoding, **kwargs)
 
@@ -194,7 +206,7 @@ class PoliciesMixin:
             rows = (index == k).nonzero().squeeze(1)
             if not len(rows):
                 continue
-            module, adapter = self._module_and_adapter(live, name)
+            module, adapter = policy_part(self.experiment, live, name)
             with use_adapter(module, adapter):
                 part = self.scorer.score(module, _rows(batch, rows), compute_entropy=compute_entropy)
             if logps is None:

@@ -25,8 +25,6 @@ from ..backends import SamplingParams
 from ..config import ExperimentConfig
 from ..data.traces import episode_sink
 from ..episodes.episode import Episode
-from ..models import load_model_and_tokenizer
-from ..models.policy_models import PolicyModels, load_policy_models
 from ..rollout.engine import Orchestrator, RolloutStep
 from ..rollout.health import RunHealth, RunStopped
 from . import loss as loss_module
@@ -74,18 +72,7 @@ class MixedAlgorithmTrainer(PoliciesMixin, PublishingMixin, GRPOTrainer):
         self.model_card_results: str | None = None
         """Markdown results for the model card (recipes set it, e.g. the exploitability table)."""
         args = args or MixedAlgorithmConfig(**{"output_dir": "outputs/mixed", **experiment.trainer})
-        device = "cpu" if args.use_cpu else None
-        if model is None and experiment.uses_full_models:
-            model, tok = load_policy_models(experiment, device=device)
-            processing_class = processing_class or tok
-        elif model is None:
-            model, tok = load_model_and_tokenizer(experiment.model.name, device=device)
-            processing_class = processing_class or tok
-        elif processing_class is None:
-            raise ValueError("Pass processing_class (the tokenizer) together with a model object")
-        elif isinstance(model, dict):  # full-model policies, each given as an object
-            model = PolicyModels(model)
-        model, peft_config = self.with_adapters(model, processing_class)
+        model, processing_class, peft_config = self.policy_to_train(model, processing_class, args.use_cpu)
         super().__init__(model=model, reward_funcs=_rewards_come_from_environments, args=args,
                          train_dataset=Dataset.from_dict({"prompt": [""] * 1024}), processing_class=processing_class,
                          callbacks=callbacks, peft_config=peft_config)

@@ -25,6 +25,10 @@ is not fully right also earns ``slots``: ``partial_credit`` × the share of its 
 read on its own ([`booked_slots`][multiagent_rl.envs.user_sim.booking.booked_slots]), so a small model whose bookings
 are never all right still has a signal to follow.
 
+A user played by a model being trained (``user_reward=True``) is rewarded for playing its part: ``in_character``
+1 when it neither quoted its hidden goal nor stepped out of its part (0 otherwise), plus ``goal_met``, the
+assistant's ``success`` (it came to book what it wanted). Without ``user_reward`` the user's trace has no reward.
+
 Metrics on the assistant's trace: ``success``, ``booked``, ``slots_right`` (share), ``user_turns``,
 ``ended_without_success``, ``persona_<p>`` and ``success_<p>`` (so that mean(success_p) / mean(persona_p) is the
 success rate per persona). On a model-played user's trace, how well it plays its part
@@ -100,10 +104,11 @@ class UserSimEnv(Env):
     roles = ("user", "assistant")
     default_roles = {"user": {"model": "scripted", "policy": "multiagent_rl.envs.user_sim:scripted_user",
                               "trainable": False}}
+    reward_ranges = {"success": (0.0, 1.0), "slots": (0.0, 1.0), "in_character": (0.0, 1.0), "goal_met": (0.0, 1.0)}
 
     def __init__(self, personas: list[str] | tuple[str, ...] = PERSONAS, max_turns: int = 6, menu: bool = False,
                  done_marker: str = DONE_MARKER, split: str = "train", assistant_tokens: int = 48,
-                 user_tokens: int = 96, partial_credit: float = 0.0):
+                 user_tokens: int = 96, partial_credit: float = 0.0, user_reward: bool = False):
         unknown = [p for p in personas if p not in PERSONAS]
         if unknown or not personas:
             raise ValueError(f"personas {unknown or list(personas)}: choose from {', '.join(PERSONAS)}")
@@ -116,7 +121,7 @@ class UserSimEnv(Env):
         self.assistant_tokens, self.user_tokens = assistant_tokens, user_tokens
         if not 0.0 <= partial_credit <= 1.0:
             raise ValueError(f"partial_credit={partial_credit}: a share of the success reward, in [0, 1]")
-        self.partial_credit = partial_credit
+        self.partial_credit, self.user_reward = partial_credit, user_reward
 
     def sample_tasks(self, num: int, rng: random.Random) -> list[Task]:
         return [self.scenario(rng.choice(self.goals), rng.choice(self.personas), rng.randrange(2**31))
@@ -149,8 +154,12 @@ class UserSimEnv(Env):
                     if self.done_marker in user_said[-1]:
                         break
         self._score(it.trace, goal, persona, booking, user_turns=len(user_said), booked=booked)
-        if user.trace.model not in (None, "scripted"):
-            user.trace.metrics.update(user_conduct(user_said, goal))
+        if user.trace.model not in (None, "scripted") or self.user_reward:
+            conduct = user_conduct(user_said, goal)
+            user.trace.metrics.update(conduct)
+            if self.user_reward:  # a trained user: keep to the part, and get what it came for
+                user.trace.add_reward("in_character", (1 - conduct["leaked_goal"]) * (1 - conduct["broke_character"]))
+                user.trace.add_reward("goal_met", it.trace.metrics["success"])
 
     def _score(self, trace, goal: Goal, persona: str, booking: Goal | None, user_turns: int,
                booked: dict[str, str] | None = None):
