@@ -244,6 +244,16 @@ def test_the_rollout_engine_loads_each_full_model_policy_on_its_own():
     assert {(t.role, t.policy) for ep in episodes for t in ep.traces} == {("player_0", "alice"), ("player_1", "bob")}
 
 
+def test_several_policies_refuse_fsdp_and_deepspeed_naming_ddp(tmp_path, tiny):
+    trainer = trainer_for(two_policies(), tiny, tmp_path)
+    trainer.check_policies_supported()  # DDP or one process: fine
+    for wrapper in ("is_fsdp_enabled", "is_deepspeed_enabled"):
+        setattr(trainer, wrapper, True)
+        with pytest.raises(ValueError, match=r"FSDP and DeepSpeed .* do not; launch with DDP"):
+            trainer.check_policies_supported()
+        setattr(trainer, wrapper, False)
+
+
 def test_full_model_policies_need_one_tokenizer(tiny):
     from multiagent_rl.models.policy_models import check_same_tokenizer
 

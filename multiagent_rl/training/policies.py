@@ -170,6 +170,11 @@ class PoliciesMixin:
         """Refuse, naming the way out, what several policies cannot do here yet."""
         if not self.several_policies:
             return
+        if self.is_fsdp_enabled or self.is_deepspeed_enabled:
+            raise ValueError("several [policies] are scored one policy at a time outside the distributed wrapper, "
+                             "with their gradients averaged once per step: DDP supports that, FSDP and DeepSpeed "
+                             "(which shard or reduce the gradients themselves) do not; launch with DDP "
+                             "(accelerate launch --multi_gpu) or train one policy")
         if any(r.needs_logits for r in self.regularisers):
             raise ValueError("a regulariser that reads the policy's logits (magnet) keeps one anchor model; with "
                              "several [policies] it is not supported yet: drop the regulariser or train one policy")
