@@ -39,9 +39,6 @@ class PolicyModels(torch.nn.Module):
     def __getitem__(self, name: str):
         return self.policies[name]
 
-    def items(self):
-        return self.policies.items()
-
     @property
     def config(self):
         """The first policy's ``config`` (what the Trainer and TRL read: pad token, model id, attention kind)."""
@@ -66,10 +63,6 @@ class PolicyModels(torch.nn.Module):
         for model in self.policies.values():
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=gradient_checkpointing_kwargs)
 
-    def gradient_checkpointing_disable(self) -> None:
-        for model in self.policies.values():
-            model.gradient_checkpointing_disable()
-
     def enable_input_require_grads(self) -> None:
         for model in self.policies.values():
             model.enable_input_require_grads()
@@ -89,10 +82,11 @@ def policy_part(experiment, module, name: str) -> tuple[Any, str | None]:
     return module, name if experiment.uses_adapters else None
 
 
-def load_policies(experiment, device=None) -> tuple[Any, Any]:
+def load_policies(experiment, device=None, adapters: bool = True) -> tuple[Any, Any]:
     """The run's learners as they start, in the module that holds them (``[model] name``; with ``[policies]`` one
-    adapter each, or each policy's own ``model``), and the tokenizer; [`policy_part`][multiagent_rl.models.policy_models.policy_part]
-    finds each learner in it."""
+    adapter each — unless ``adapters`` is False, for a caller that adds them itself — or each policy's own
+    ``model``), and the tokenizer; [`policy_part`][multiagent_rl.models.policy_models.policy_part] finds each learner
+    in it."""
     from . import load_model_and_tokenizer
     from .adapters import add_adapters
     from ..policies import policy_lora
@@ -100,7 +94,7 @@ def load_policies(experiment, device=None) -> tuple[Any, Any]:
     if experiment.uses_full_models:
         return load_policy_models(experiment, device=device)
     model, tokenizer = load_model_and_tokenizer(experiment.model.name, device=device)
-    if experiment.uses_adapters:
+    if adapters and experiment.uses_adapters:
         model = add_adapters(model, {name: policy_lora(experiment, name) for name in experiment.policy_names()})
     return model, tokenizer
 

@@ -136,9 +136,11 @@ class Orchestrator:
         names = experiment.policy_names()
         model, tok = load_policies(experiment, device=kwargs.get("device"))
         model.eval()
-        policies = {name: TransformersBackend(part, tok, model_id="policy", policy_name=name, adapter=adapter,
-                                              **experiment.model.decoding)
-                    for name in names for part, adapter in [policy_part(experiment, model, name)]}
+        policies = {}
+        for name in names:
+            part, adapter = policy_part(experiment, model, name)
+            policies[name] = TransformersBackend(part, tok, model_id="policy", policy_name=name, adapter=adapter,
+                                                 **experiment.model.decoding)
         return cls(experiment, policies[names[0]], policies=policies, policy_model=model, **kwargs)
 
     def take_snapshots(self, step: int) -> None:

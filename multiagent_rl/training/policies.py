@@ -22,7 +22,7 @@ import torch
 from ..backends import TransformersBackend, build_policy_backend
 from ..backends.base import DeferredWeightPush
 from ..models.adapters import add_adapters, use_adapter
-from ..models.policy_models import PolicyModels, load_policy_models, policy_of_parameter, policy_part
+from ..models.policy_models import PolicyModels, load_policies, policy_of_parameter, policy_part
 from ..config import env_labels
 from ..policies import learner_of_seat, policy_lora
 from .logits import Scored
@@ -73,13 +73,8 @@ class PoliciesMixin:
     def policy_to_train(self, model, tokenizer, use_cpu: bool = False):
         """``(model, tokenizer, peft_config)`` for TRL: ``model`` (a dict ``{name: model}`` for full-model policies)
         or, when None, the config's (``[model] name``, or each policy's own ``model``), made ready by ``with_adapters``."""
-        from ..models import load_model_and_tokenizer
-
-        device = "cpu" if use_cpu else None
-        if model is None:
-            full = self.experiment.uses_full_models  # adapters are added below, with TRL's peft_config for one
-            model, loaded = (load_policy_models(self.experiment, device=device) if full
-                             else load_model_and_tokenizer(self.experiment.model.name, device=device))
+        if model is None:  # adapters are added by with_adapters, as for a model passed in
+            model, loaded = load_policies(self.experiment, device="cpu" if use_cpu else None, adapters=False)
             tokenizer = tokenizer or loaded
         elif tokenizer is None:
             raise ValueError("Pass processing_class (the tokenizer) together with a model object")
@@ -256,19 +251,17 @@ class PoliciesMixin:
         names, full = self.policy_names, self.experiment.uses_full_models
         owner_of = policy_of_parameter if full else _policy_of_parameter
         decay = set(self.get_decay_parameter_names(opt_model)) if full else None
-        groups: dict[tuple[str, bool], list] = {(name, True): [] for name in names}
-        if full:
-            groups.update({(name, False): [] for name in names})
-        for pname, param in opt_model.named_parameters():
-            owner = owner_of(pname, names)
-            if param.requires_grad and owner is not None:
-                groups[owner, not full or pname in decay].append(param)
+        trained = [(pname, p) for pname, p in opt_model.named_parameters() if p.requires_grad]
+        groups = []
+        for name in names:
+            mine = [(pname, p) for pname, p in trained if owner_of(pname, names) == name]
+            split = ([p for n, p in mine if n in decay], [p for n, p in mine if n not in decay]) if full \
+                else ([p for _, p in mine], [])
+            lr = self.experiment.policy_config(name).learning_rate or self.args.learning_rate
+            groups += [{"params": params, "weight_decay": decay_rate, "lr": lr}
+                       for params, decay_rate in zip(split, (self.args.weight_decay, 0.0)) if params]
         optimizer_cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(self.args, opt_model)
-        self.optimizer = optimizer_cls(
-            [{"params": params, "weight_decay": self.args.weight_decay if decays else 0.0,
-              "lr": self.experiment.policy_config(name).learning_rate or self.args.learning_rate}
-             for (name, decays), params in sorted(groups.items(), key=lambda kv: (names.index(kv[0][0]), not kv[0][1]))
-             if params], **kwargs)
+        self.optimizer = optimizer_cls(groups, **kwargs)
         return self.optimizer
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False):
